@@ -1,0 +1,97 @@
+//! The isolation driver: how a sandbox is started, found again and destroyed.
+//!
+//! The lifecycle code talks only to this trait, so a gVisor driver today and a Firecracker driver
+//! later sit behind the same calls, with the same agent inside.
+
+use crate::ids::SandboxId;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+/// Everything a driver needs to start one sandbox.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub id: SandboxId,
+    /// Read-only template root filesystem; the sandbox gets its own writable layer over it.
+    pub rootfs: PathBuf,
+    /// Network slot: a small integer, unique among live sandboxes, that fixes the addresses.
+    pub slot: u32,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+}
+
+/// The addresses that belong to a network slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotAddrs {
+    /// The host's end of the link (the sandbox's default gateway).
+    pub host: Ipv4Addr,
+    /// The sandbox's own address; the agent listens here.
+    pub sandbox: Ipv4Addr,
+}
+
+impl SlotAddrs {
+    /// Slots map onto /30 links inside 10.77.0.0/16: slot `s` owns `10.77.0.0 + 4s`.
+    pub const MAX_SLOTS: u32 = 1 << 14;
+
+    pub fn for_slot(slot: u32) -> Self {
+        assert!(slot < Self::MAX_SLOTS, "slot {slot} out of range");
+        let base = u32::from(Ipv4Addr::new(10, 77, 0, 0)) + slot * 4;
+        SlotAddrs {
+            host: Ipv4Addr::from(base + 1),
+            sandbox: Ipv4Addr::from(base + 2),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("{what} failed: {detail}")]
+    Command { what: String, detail: String },
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl DriverError {
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| DriverError::Io { what, source }
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Driver: Send + Sync + 'static {
+    /// Starts the sandbox with the agent as its first process. Returns once the sandbox runs;
+    /// the caller waits for the agent to answer.
+    async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError>;
+
+    /// Stops the sandbox and removes everything it held on the host (processes, mounts, network
+    /// devices, files). Succeeds if the sandbox is already gone.
+    async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError>;
+
+    /// Whether the sandbox's runtime still runs (used to adopt sandboxes after a restart).
+    async fn is_running(&self, id: &SandboxId) -> bool;
+
+    /// Removes every host resource that looks like this driver's but belongs to no id in `keep`
+    /// (left over by a crashed server).
+    async fn sweep_orphans(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_do_not_overlap() {
+        let a = SlotAddrs::for_slot(0);
+        let b = SlotAddrs::for_slot(1);
+        assert_eq!(a.host, Ipv4Addr::new(10, 77, 0, 1));
+        assert_eq!(a.sandbox, Ipv4Addr::new(10, 77, 0, 2));
+        assert_eq!(b.host, Ipv4Addr::new(10, 77, 0, 5));
+        let last = SlotAddrs::for_slot(SlotAddrs::MAX_SLOTS - 1);
+        assert_eq!(last.sandbox, Ipv4Addr::new(10, 77, 255, 254));
+    }
+}

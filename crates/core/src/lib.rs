@@ -1,0 +1,8 @@
+//! Airlock's core: sandbox lifecycle, the isolation driver trait, templates and the SQLite store.
+//!
+//! Nothing here speaks HTTP; the server binary wraps it.
+
+pub mod driver;
+pub mod ids;
+pub mod store;
+pub mod template;

@@ -1,0 +1,1 @@
+//! Template root filesystems: built with debootstrap, cached by content hash. (Being written.)

@@ -1,0 +1,1 @@
+//! gVisor driver (being written).

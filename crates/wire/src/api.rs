@@ -1,0 +1,152 @@
+//! Control-plane REST bodies (E2B's OpenAPI `NewSandbox`, `Sandbox`, `SandboxDetail`, ...).
+//!
+//! Unknown request fields are accepted and ignored, so newer SDKs keep working.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `POST /v2/sandboxes` and `POST /sandboxes` (v1 adds `secure`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Seconds until the sandbox is killed; the server default applies when absent.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// v1 only; `false` means the agent requires no access token. v2 sandboxes are always secured.
+    #[serde(default)]
+    pub secure: Option<bool>,
+    #[serde(default)]
+    pub auto_pause: Option<bool>,
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// `POST /v2/sandboxes/{id}/connect` and `POST /sandboxes/{id}/timeout` bodies.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TimeoutBody {
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// Response of create and connect.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub alias: Option<String>,
+    pub envd_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    /// Always null: a non-null domain would redirect the SDK's sandbox traffic.
+    pub domain: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Running,
+    Paused,
+}
+
+/// `GET /sandboxes/{id}` and the items of the list endpoints.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub alias: Option<String>,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339: when the timeout will kill the sandbox.
+    pub end_at: String,
+    pub envd_version: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u32,
+    pub state: SandboxState,
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+}
+
+/// E2B's error body. Both fields are required by the SDK's parser.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    pub code: u16,
+    pub message: String,
+}
+
+/// The body the sandbox proxy answers for a sandbox that does not exist (any more).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxNotFoundBody {
+    pub sandbox_id: String,
+    pub message: String,
+    pub code: u16,
+}
+
+/// Template listing (Airlock extension used by the CLI).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateInfo {
+    pub name: String,
+    pub content_hash: String,
+    pub built_at: String,
+    pub size_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn new_sandbox_accepts_sdk_bodies_with_unknown_fields() {
+        let v2: NewSandbox = serde_json::from_value(json!({
+            "templateID": "base", "timeout": 120, "metadata": {"user": "a b"}, "envVars": {"FOO": "bar"},
+            "autoPause": true, "autoResume": {"enabled": true}, "allow_internet_access": false,
+            "network": {"allowOut": ["example.com"]}
+        }))
+        .unwrap();
+        assert_eq!(v2.template_id, "base");
+        assert_eq!(v2.timeout, Some(120));
+        assert_eq!(v2.env_vars.unwrap()["FOO"], "bar");
+        assert_eq!(v2.allow_internet_access, Some(false));
+        assert!(serde_json::from_value::<NewSandbox>(json!({"timeout": 1})).is_err());
+    }
+
+    #[test]
+    fn sandbox_uses_e2b_field_names() {
+        let s = Sandbox {
+            template_id: "base".into(),
+            sandbox_id: "abc".into(),
+            client_id: "airlock".into(),
+            alias: Some("base".into()),
+            envd_version: "0.5.7".into(),
+            envd_access_token: Some("t".into()),
+            domain: None,
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["sandboxID"], "abc");
+        assert_eq!(v["templateID"], "base");
+        assert_eq!(v["envdAccessToken"], "t");
+        assert!(v["domain"].is_null());
+    }
+}

@@ -1,0 +1,24 @@
+//! Wire types shared by the Airlock server, agent and CLI.
+//!
+//! Everything here mirrors what the stock E2B SDKs send and expect (see `docs/protocol.md`):
+//! the control-plane REST bodies ([`api`]), envd's Connect-JSON messages ([`envd`]) and the
+//! Connect streaming envelope ([`connect`]). This crate holds no I/O, so every binary can share it.
+
+pub mod api;
+pub mod connect;
+pub mod envd;
+pub mod json;
+
+/// The envd version the agent reports. The SDK gates features on it (protocol doc §3.8); this is
+/// the highest version whose features the agent implements.
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// Port of the in-sandbox agent (envd protocol).
+pub const ENVD_PORT: u16 = 49983;
+
+/// Header that routes a request to a sandbox in single-host mode.
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+/// Header naming the sandbox port a routed request is for.
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+/// Header carrying the sandbox's envd access token.
+pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs what Airlock needs on a Debian 12 host: gVisor's runsc (from bookworm-backports),
+# debootstrap for template rootfs builds, iproute2/iptables for per-sandbox networking, and a
+# Python venv with the pinned e2b SDK for the demo and the integration tests.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "airlock: this step needs root (runsc, network namespaces and mounts are privileged)." >&2
+    exit 1
+  fi
+}
+
+add_backports() {
+  # The mirror serves bookworm-backports but the default sources list does not name it.
+  if grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    return
+  fi
+  local uri
+  uri=$(grep -hs '^URIs:' /etc/apt/sources.list.d/debian.sources | head -n1 | awk '{print $2}')
+  if [ -z "$uri" ]; then
+    uri=$(grep -hs '^deb ' /etc/apt/sources.list | grep -v security | head -n1 | awk '{print $2}')
+  fi
+  uri=${uri:-http://deb.debian.org/debian}
+  cat > /etc/apt/sources.list.d/airlock-backports.sources <<SRC
+Types: deb
+URIs: $uri
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  APT_UPDATED=0
+}
+
+APT_UPDATED=${APT_UPDATED:-0}
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  if [ "$APT_UPDATED" -eq 0 ]; then
+    apt-get update -qq
+    APT_UPDATED=1
+  fi
+  echo "airlock: installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+need_root
+add_backports
+apt_install debootstrap iproute2 iptables util-linux ca-certificates python3-venv
+if ! command -v runsc >/dev/null; then
+  if [ "$APT_UPDATED" -eq 0 ]; then apt-get update -qq; APT_UPDATED=1; fi
+  echo "airlock: installing runsc from bookworm-backports"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports runsc >/dev/null
+fi
+
+# The Python SDK, pinned, in a venv under the repo (used by the demo, the tests and the benchmark).
+VENV=${AIRLOCK_VENV:-"$(dirname "$0")/../.venv"}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import e2b, pytest' 2>/dev/null; then
+  "$VENV/bin/pip" install -q -r "$(dirname "$0")/../tests/requirements.txt"
+fi
