@@ -50,7 +50,7 @@ apt_install() {
 
 need_root
 add_backports
-apt_install debootstrap iproute2 iptables util-linux ca-certificates python3-venv
+apt_install debootstrap iproute2 iptables util-linux ca-certificates python3-venv curl
 if ! command -v runsc >/dev/null; then
   if [ "$APT_UPDATED" -eq 0 ]; then apt-get update -qq; APT_UPDATED=1; fi
   echo "airlock: installing runsc from bookworm-backports"

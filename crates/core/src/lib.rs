@@ -4,5 +4,6 @@
 
 pub mod driver;
 pub mod ids;
+pub mod lifecycle;
 pub mod store;
 pub mod template;

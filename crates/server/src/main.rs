@@ -1,1 +1,129 @@
-fn main() {}
+//! `airlock`: the Airlock server and its command-line client.
+
+mod agent_client;
+mod api;
+mod cli;
+mod error;
+mod proxy;
+mod serve;
+
+use airlock_core::lifecycle::{Lifecycle, Limits};
+use airlock_core::store::Store;
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Shared by every request handler.
+pub struct AppStateInner {
+    pub lifecycle: Arc<Lifecycle>,
+    pub store: Arc<Store>,
+    pub http: proxy::HttpClient,
+}
+
+pub type AppState = Arc<AppStateInner>;
+
+#[derive(Parser)]
+#[command(
+    name = "airlock",
+    version,
+    about = "Self-hosted sandboxes for AI-generated code, compatible with the E2B SDKs",
+    long_about = "Airlock runs untrusted code in isolated gVisor sandboxes on one Linux host and \
+speaks E2B's protocol, so the stock `e2b` SDKs work against it.\n\n\
+Start the server with `airlock serve`, then point an SDK at it:\n  \
+export E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000 E2B_API_KEY=<key>\n\n\
+Exit codes: 0 success; 1 the operation failed (e.g. unknown sandbox); 2 bad usage; \
+3 the server could not be reached. `sandbox exec` exits with the command's own code."
+)]
+struct Cli {
+    /// Where Airlock keeps its state (database, templates, sandboxes).
+    #[arg(long, global = true, env = "AIRLOCK_DATA_DIR", default_value = "/var/lib/airlock")]
+    data_dir: PathBuf,
+    /// The server to talk to (client commands).
+    #[arg(long, global = true, env = "AIRLOCK_URL", default_value = "http://127.0.0.1:3000")]
+    url: String,
+    /// API key for client commands; defaults to the one the server generated in the data dir.
+    #[arg(long, global = true, env = "AIRLOCK_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server: the E2B-compatible REST API and the sandbox proxy, on one port.
+    Serve {
+        /// Address to listen on. Keep it on loopback unless you put TLS and a firewall in front.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        listen: SocketAddr,
+        /// Path of the `airlock-agent` binary to run inside sandboxes [default: next to `airlock`].
+        #[arg(long)]
+        agent_bin: Option<PathBuf>,
+        /// Most sandboxes running at once.
+        #[arg(long, default_value_t = 256)]
+        max_sandboxes: usize,
+        /// Seconds a sandbox lives when the create request names no timeout.
+        #[arg(long, default_value_t = 300)]
+        default_timeout: u64,
+    },
+    /// List, kill and run commands in sandboxes.
+    #[command(subcommand)]
+    Sandbox(cli::SandboxCommand),
+    /// Build and list templates (the root filesystems sandboxes start from).
+    #[command(subcommand)]
+    Template(cli::TemplateCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let client = || cli::Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
+    let result = match cli.command {
+        Command::Serve {
+            listen,
+            agent_bin,
+            max_sandboxes,
+            default_timeout,
+        } => serve::serve(serve::ServeOptions {
+            listen,
+            data_dir: cli.data_dir.clone(),
+            agent_binary: agent_bin,
+            limits: Limits {
+                max_sandboxes,
+                default_timeout: Duration::from_secs(default_timeout),
+                ..Limits::default()
+            },
+        })
+        .await
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(cli::CliError::Other),
+        Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
+        Command::Template(cmd) => cli::template(cmd, &cli.data_dir).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("airlock: {}", e.describe());
+            e.exit_code()
+        }
+    }
+}

@@ -1,0 +1,647 @@
+//! process.Process: start commands, stream their output, feed their input, signal them.
+//!
+//! Each process runs in its own process group (or session, with a terminal), so a signal reaches
+//! everything it started. Output fans out to every attached stream; a stream that goes away never
+//! affects the process. Only a `Connect-Timeout-Ms` deadline on Start or a SendSignal ends it.
+
+use crate::rpc::{self, RpcError, RpcResult, StreamSender};
+use crate::state::AgentState;
+use crate::users::User;
+use airlock_wire::connect::{Code, ConnectError};
+use airlock_wire::envd::{
+    CloseStdinRequest, ConnectRequest, Empty, EndEvent, ListResponse, ProcessConfig, ProcessEvent,
+    ProcessEventMessage, ProcessInfo, ProcessInput, ProcessOutput, ProcessSelector, PtySize,
+    SendInputRequest, SendSignalRequest, Signal, StartEvent, StartRequest, StreamInputRequest,
+    UpdateRequest,
+};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use nix::sys::signal::{killpg, Signal as NixSignal};
+use nix::unistd::Pid;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// Output is read and forwarded in chunks of at most this size (as envd does).
+const CHUNK: usize = 32 * 1024;
+/// Events buffered per attached stream before the process's output waits for it.
+const STREAM_BUFFER: usize = 64;
+/// PATH for sandbox processes.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+pub fn routes() -> Router<AgentState> {
+    Router::new()
+        .route("/process.Process/Start", post(start))
+        .route("/process.Process/Connect", post(connect))
+        .route("/process.Process/List", post(list))
+        .route("/process.Process/SendInput", post(send_input))
+        .route("/process.Process/StreamInput", post(stream_input))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route("/process.Process/CloseStdin", post(close_stdin))
+        .route("/process.Process/Update", post(update))
+}
+
+/// Where a process's input goes.
+enum Input {
+    Pipe(tokio::process::ChildStdin),
+    Pty(tokio::fs::File),
+}
+
+/// Who gets a process's events, and how it ended once it has.
+struct Fanout {
+    subscribers: Vec<mpsc::Sender<ProcessEvent>>,
+    ended: Option<EndEvent>,
+}
+
+struct ProcessHandle {
+    pid: u32,
+    config: ProcessConfig,
+    tag: Option<String>,
+    input: tokio::sync::Mutex<Option<Input>>,
+    /// The terminal's master side, kept for resizing.
+    pty_master: Option<OwnedFd>,
+    fanout: Mutex<Fanout>,
+}
+
+impl ProcessHandle {
+    fn info(&self) -> ProcessInfo {
+        ProcessInfo {
+            config: self.config.clone(),
+            pid: self.pid,
+            tag: self.tag.clone(),
+        }
+    }
+
+    /// Attaches a new stream. After the end it still gets the end event, alone.
+    fn subscribe(&self) -> mpsc::Receiver<ProcessEvent> {
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let mut fanout = self.fanout.lock().unwrap_or_else(|e| e.into_inner());
+        match &fanout.ended {
+            Some(end) => {
+                let _ = tx.try_send(ProcessEvent::End(end.clone()));
+            }
+            None => fanout.subscribers.push(tx),
+        }
+        rx
+    }
+
+    async fn publish(&self, event: ProcessEvent) {
+        let subscribers = self
+            .fanout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .subscribers
+            .clone();
+        for tx in &subscribers {
+            // A closed receiver is a client that went away: the process goes on regardless.
+            let _ = tx.send(event.clone()).await;
+        }
+        self.fanout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .subscribers
+            .retain(|tx| !tx.is_closed());
+    }
+
+    async fn finish(&self, end: EndEvent) {
+        let subscribers = {
+            let mut fanout = self.fanout.lock().unwrap_or_else(|e| e.into_inner());
+            fanout.ended = Some(end.clone());
+            std::mem::take(&mut fanout.subscribers)
+        };
+        for tx in subscribers {
+            let _ = tx.send(ProcessEvent::End(end.clone())).await;
+        }
+    }
+
+    fn signal(&self, signal: NixSignal) -> Result<(), RpcError> {
+        // Every process leads its own group, so this reaches its children too.
+        killpg(Pid::from_raw(self.pid as i32), signal)
+            .map_err(|e| RpcError::internal(format!("signalling process {}: {e}", self.pid)))
+    }
+}
+
+#[derive(Default)]
+pub struct ProcessTable {
+    live: Mutex<HashMap<u32, Arc<ProcessHandle>>>,
+}
+
+impl ProcessTable {
+    fn insert(&self, handle: Arc<ProcessHandle>) {
+        self.lock().insert(handle.pid, handle);
+    }
+
+    fn remove(&self, pid: u32) {
+        self.lock().remove(&pid);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<ProcessHandle>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn find(&self, selector: &ProcessSelector) -> Result<Arc<ProcessHandle>, RpcError> {
+        let live = self.lock();
+        let found = match selector {
+            ProcessSelector::Pid(pid) => live.get(pid).cloned(),
+            ProcessSelector::Tag(tag) => live
+                .values()
+                .find(|p| p.tag.as_deref() == Some(tag.as_str()))
+                .cloned(),
+        };
+        found.ok_or_else(|| match selector {
+            ProcessSelector::Pid(pid) => RpcError::not_found(format!("process with pid {pid} not found")),
+            ProcessSelector::Tag(tag) => RpcError::not_found(format!("process with tag {tag} not found")),
+        })
+    }
+
+    fn list(&self) -> Vec<ProcessInfo> {
+        let mut out: Vec<ProcessInfo> = self.lock().values().map(|p| p.info()).collect();
+        out.sort_by_key(|p| p.pid);
+        out
+    }
+}
+
+// ---------------------------------------------------------------- Start
+
+async fn start(State(agent): State<AgentState>, headers: HeaderMap, body: Body) -> Response {
+    let req: StartRequest = match rpc::read_stream_request(body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let user = match agent.rpc_user(&headers) {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
+    };
+    let (handle, events) = match spawn(&agent, &user, req) {
+        Ok(spawned) => spawned,
+        Err(e) => return e.into_response(),
+    };
+    let deadline = rpc::timeout(&headers);
+    if let Some(limit) = deadline {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            let _ = handle.signal(NixSignal::SIGKILL);
+        });
+    }
+    let (tx, resp) = rpc::stream_response();
+    let keepalive = rpc::keepalive_interval(&headers);
+    tokio::spawn(forward_events(tx, handle.pid, events, keepalive, deadline));
+    resp
+}
+
+/// Starts the process and its output pumps; the returned receiver sees all of its output.
+fn spawn(
+    agent: &AgentState,
+    user: &User,
+    req: StartRequest,
+) -> Result<(Arc<ProcessHandle>, mpsc::Receiver<ProcessEvent>), RpcError> {
+    let config = req.process;
+    if config.cmd.is_empty() {
+        return Err(RpcError::invalid("process.cmd is empty"));
+    }
+    let sandbox = agent.config();
+    let cwd = match config.cwd.as_deref().filter(|c| !c.is_empty()) {
+        Some(cwd) => user.resolve(cwd)?,
+        None => sandbox
+            .default_workdir
+            .as_deref()
+            .map(|w| user.resolve(w))
+            .transpose()?
+            .unwrap_or_else(|| user.home.clone()),
+    };
+    if !cwd.is_dir() {
+        return Err(RpcError::invalid(format!(
+            "cwd '{}' does not exist or is not a directory",
+            cwd.display()
+        )));
+    }
+
+    let mut cmd = std::process::Command::new(&config.cmd);
+    cmd.args(&config.args)
+        .current_dir(&cwd)
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
+        .env("HOME", &user.home)
+        .env("USER", &user.name)
+        .env("LOGNAME", &user.name)
+        .envs(&sandbox.env_vars)
+        .envs(&config.envs)
+        .uid(user.uid)
+        .gid(user.gid);
+
+    let pty = req.pty.map(|p| open_pty(p.size)).transpose()?;
+    let mut child = match &pty {
+        Some((master, slave)) => {
+            let stdio = |fd: &OwnedFd| -> Result<Stdio, RpcError> {
+                fd.try_clone()
+                    .map(Stdio::from)
+                    .map_err(|e| RpcError::internal(format!("duplicating terminal: {e}")))
+            };
+            cmd.stdin(stdio(slave)?).stdout(stdio(slave)?).stderr(stdio(slave)?);
+            let master_fd = master.as_raw_fd();
+            // SAFETY: between fork and exec we only make async-signal-safe syscalls (setsid,
+            // ioctl, close) on descriptors that stay valid in the child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(master_fd);
+                    Ok(())
+                });
+            }
+            tokio::process::Command::from(cmd).spawn()
+        }
+        None => {
+            // A missing `stdin` field means true (the pre-0.3 default).
+            let stdin = if req.stdin.unwrap_or(true) {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            };
+            cmd.stdin(stdin)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            tokio::process::Command::from(cmd).spawn()
+        }
+    }
+    .map_err(|e| spawn_error(&config.cmd, &e))?;
+
+    let pid = child
+        .id()
+        .ok_or_else(|| RpcError::internal("process exited before it was registered"))?;
+    let (input, pty_master, pumps) = match pty {
+        Some((master, _slave)) => {
+            // `_slave` drops here: the parent must not hold the terminal open, or reads of the
+            // master never see the end.
+            let reader = tokio::fs::File::from_std(std::fs::File::from(
+                master.try_clone().map_err(|e| RpcError::internal(e.to_string()))?,
+            ));
+            let writer = tokio::fs::File::from_std(std::fs::File::from(
+                master.try_clone().map_err(|e| RpcError::internal(e.to_string()))?,
+            ));
+            (Some(Input::Pty(writer)), Some(master), vec![(Box::new(reader) as BoxedReader, OutputKind::Pty)])
+        }
+        None => {
+            let mut pumps: Vec<(BoxedReader, OutputKind)> = Vec::new();
+            if let Some(out) = child.stdout.take() {
+                pumps.push((Box::new(out), OutputKind::Stdout));
+            }
+            if let Some(err) = child.stderr.take() {
+                pumps.push((Box::new(err), OutputKind::Stderr));
+            }
+            (child.stdin.take().map(Input::Pipe), None, pumps)
+        }
+    };
+
+    let handle = Arc::new(ProcessHandle {
+        pid,
+        config,
+        tag: req.tag,
+        input: tokio::sync::Mutex::new(input),
+        pty_master,
+        fanout: Mutex::new(Fanout {
+            subscribers: Vec::new(),
+            ended: None,
+        }),
+    });
+    let events = handle.subscribe();
+    agent.processes.insert(handle.clone());
+
+    let pump_tasks: Vec<_> = pumps
+        .into_iter()
+        .map(|(reader, kind)| tokio::spawn(pump(handle.clone(), reader, kind)))
+        .collect();
+    let agent = agent.clone();
+    let waiter = handle.clone();
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        for task in pump_tasks {
+            let _ = task.await;
+        }
+        let end = match status {
+            Ok(status) => end_event(status),
+            Err(e) => EndEvent {
+                exit_code: -1,
+                exited: false,
+                status: "unknown".into(),
+                error: Some(format!("waiting for process: {e}")),
+            },
+        };
+        agent.processes.remove(waiter.pid);
+        waiter.finish(end).await;
+    });
+    Ok((handle, events))
+}
+
+type BoxedReader = Box<dyn AsyncRead + Send + Unpin>;
+
+#[derive(Clone, Copy)]
+enum OutputKind {
+    Stdout,
+    Stderr,
+    Pty,
+}
+
+async fn pump(handle: Arc<ProcessHandle>, mut reader: BoxedReader, kind: OutputKind) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        // A terminal's master reports EIO once the last holder of the slave side is gone.
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let data = buf[..n].to_vec();
+        let output = match kind {
+            OutputKind::Stdout => ProcessOutput::Stdout(data),
+            OutputKind::Stderr => ProcessOutput::Stderr(data),
+            OutputKind::Pty => ProcessOutput::Pty(data),
+        };
+        handle.publish(ProcessEvent::Data(output)).await;
+    }
+}
+
+fn spawn_error(cmd: &str, err: &std::io::Error) -> RpcError {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => RpcError::invalid(format!("command '{cmd}' not found")),
+        std::io::ErrorKind::PermissionDenied => {
+            RpcError::new(Code::PermissionDenied, format!("cannot execute '{cmd}': {err}"))
+        }
+        _ => RpcError::internal(format!("starting '{cmd}': {err}")),
+    }
+}
+
+/// The end event as envd reports it, with Go's `ProcessState.String()` wording.
+fn end_event(status: ExitStatus) -> EndEvent {
+    if let Some(code) = status.code() {
+        let text = format!("exit status {code}");
+        EndEvent {
+            exit_code: code,
+            exited: true,
+            status: text.clone(),
+            error: (code != 0).then_some(text),
+        }
+    } else {
+        let text = format!("signal: {}", signal_name(status.signal().unwrap_or(0)));
+        EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: text.clone(),
+            error: Some(text),
+        }
+    }
+}
+
+/// Go's names for signals (`syscall.Signal.String()`).
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "hangup",
+        libc::SIGINT => "interrupt",
+        libc::SIGQUIT => "quit",
+        libc::SIGILL => "illegal instruction",
+        libc::SIGTRAP => "trace/breakpoint trap",
+        libc::SIGABRT => "aborted",
+        libc::SIGBUS => "bus error",
+        libc::SIGFPE => "floating point exception",
+        libc::SIGKILL => "killed",
+        libc::SIGUSR1 => "user defined signal 1",
+        libc::SIGSEGV => "segmentation fault",
+        libc::SIGUSR2 => "user defined signal 2",
+        libc::SIGPIPE => "broken pipe",
+        libc::SIGALRM => "alarm clock",
+        libc::SIGTERM => "terminated",
+        other => return format!("signal {other}"),
+    };
+    name.to_owned()
+}
+
+fn open_pty(size: PtySize) -> Result<(OwnedFd, OwnedFd), RpcError> {
+    let winsize = nix::pty::Winsize {
+        ws_row: size.rows.clamp(1, u16::MAX as u32) as u16,
+        ws_col: size.cols.clamp(1, u16::MAX as u32) as u16,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&winsize), None)
+        .map_err(|e| RpcError::internal(format!("opening a terminal: {e}")))?;
+    Ok((pty.master, pty.slave))
+}
+
+fn resize_pty(master: &OwnedFd, size: PtySize) -> Result<(), RpcError> {
+    let winsize = libc::winsize {
+        ws_row: size.rows.clamp(1, u16::MAX as u32) as u16,
+        ws_col: size.cols.clamp(1, u16::MAX as u32) as u16,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a `winsize` from the pointer, which is valid for the call; the fd
+    // is a terminal master we own.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &winsize) } < 0 {
+        return Err(RpcError::internal(format!(
+            "resizing terminal: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// Sends `start`, then the process's events, then the end of the stream. Returns early, leaving
+/// the process alone, if the client goes away.
+async fn forward_events(
+    tx: StreamSender,
+    pid: u32,
+    mut events: mpsc::Receiver<ProcessEvent>,
+    keepalive: Duration,
+    deadline: Option<Duration>,
+) {
+    let started = tokio::time::Instant::now();
+    let msg = |event| ProcessEventMessage { event };
+    if tx.send(&msg(ProcessEvent::Start(StartEvent { pid }))).await.is_err() {
+        return;
+    }
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout(keepalive, events.recv()) => next,
+            _ = tx.closed() => return,
+        };
+        match next {
+            Ok(Some(event)) => {
+                let is_end = matches!(event, ProcessEvent::End(_));
+                if tx.send(&msg(event)).await.is_err() {
+                    return;
+                }
+                if is_end {
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(_idle) => {
+                if tx.send(&msg(ProcessEvent::Keepalive(Empty {}))).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let timed_out = deadline.is_some_and(|d| started.elapsed() >= d);
+    let error = timed_out.then(|| ConnectError::new(Code::DeadlineExceeded, "process timed out"));
+    tx.finish(error).await;
+}
+
+// ---------------------------------------------------------------- the other RPCs
+
+async fn connect(State(agent): State<AgentState>, headers: HeaderMap, body: Body) -> Response {
+    let req: ConnectRequest = match rpc::read_stream_request(body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let handle = match agent.processes.find(&req.process) {
+        Ok(h) => h,
+        Err(e) => return e.into_response(),
+    };
+    let events = handle.subscribe();
+    let (tx, resp) = rpc::stream_response();
+    tokio::spawn(forward_events(
+        tx,
+        handle.pid,
+        events,
+        rpc::keepalive_interval(&headers),
+        None,
+    ));
+    resp
+}
+
+async fn list(State(agent): State<AgentState>) -> Json<ListResponse> {
+    Json(ListResponse {
+        processes: agent.processes.list(),
+    })
+}
+
+async fn write_input(handle: &ProcessHandle, input: &ProcessInput) -> Result<(), RpcError> {
+    let mut slot = handle.input.lock().await;
+    let result = match (slot.as_mut(), input) {
+        (Some(Input::Pipe(stdin)), ProcessInput::Stdin(data)) => stdin.write_all(data).await,
+        (Some(Input::Pty(master)), ProcessInput::Pty(data) | ProcessInput::Stdin(data)) => {
+            master.write_all(data).await
+        }
+        (Some(Input::Pipe(_)), ProcessInput::Pty(_)) => {
+            return Err(RpcError::invalid("process has no terminal"))
+        }
+        (None, _) => {
+            return Err(RpcError::new(
+                Code::FailedPrecondition,
+                format!("stdin of process {} is closed", handle.pid),
+            ))
+        }
+    };
+    result.map_err(|e| RpcError::new(Code::FailedPrecondition, format!("writing input: {e}")))
+}
+
+async fn send_input(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+    let req: SendInputRequest = rpc::parse_unary(&body)?;
+    let handle = agent.processes.find(&req.process)?;
+    write_input(&handle, &req.input).await?;
+    Ok(Json(Empty {}))
+}
+
+async fn stream_input(State(agent): State<AgentState>, body: Body) -> Response {
+    let result = feed_stream_input(&agent, rpc::MessageReader::new(body)).await;
+    let (tx, resp) = rpc::stream_response();
+    tokio::spawn(async move {
+        match result {
+            Ok(()) => {
+                let _ = tx.send(&Empty {}).await;
+                tx.finish(None).await;
+            }
+            Err(e) => tx.finish(Some(e.0)).await,
+        }
+    });
+    resp
+}
+
+/// Applies each StreamInput message in order: a `start` naming the process, then its input.
+async fn feed_stream_input(
+    agent: &AgentState,
+    mut messages: rpc::MessageReader,
+) -> Result<(), RpcError> {
+    let mut target: Option<Arc<ProcessHandle>> = None;
+    while let Some(msg) = messages.next::<StreamInputRequest>().await? {
+        match msg {
+            StreamInputRequest::Start { process } => {
+                target = Some(agent.processes.find(&process)?);
+            }
+            StreamInputRequest::Data { input } => {
+                let handle = target
+                    .as_ref()
+                    .ok_or_else(|| RpcError::invalid("input sent before the start message"))?;
+                write_input(handle, &input).await?;
+            }
+            StreamInputRequest::Keepalive {} => {}
+        }
+    }
+    Ok(())
+}
+
+async fn send_signal(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+    let req: SendSignalRequest = rpc::parse_unary(&body)?;
+    let handle = agent.processes.find(&req.process)?;
+    handle.signal(match req.signal {
+        Signal::Kill => NixSignal::SIGKILL,
+        Signal::Term => NixSignal::SIGTERM,
+    })?;
+    Ok(Json(Empty {}))
+}
+
+async fn close_stdin(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+    let req: CloseStdinRequest = rpc::parse_unary(&body)?;
+    let handle = agent.processes.find(&req.process)?;
+    let mut input = handle.input.lock().await;
+    if matches!(*input, Some(Input::Pty(_))) {
+        return Err(RpcError::invalid("cannot close the stdin of a terminal process"));
+    }
+    // Dropping the pipe's write end is what delivers EOF.
+    *input = None;
+    Ok(Json(Empty {}))
+}
+
+async fn update(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+    let req: UpdateRequest = rpc::parse_unary(&body)?;
+    let handle = agent.processes.find(&req.process)?;
+    if let Some(pty) = req.pty {
+        let master = handle
+            .pty_master
+            .as_ref()
+            .ok_or_else(|| RpcError::invalid("process has no terminal"))?;
+        resize_pty(master, pty.size)?;
+    }
+    Ok(Json(Empty {}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_events_use_go_wording() {
+        let ok = end_event(ExitStatus::from_raw(0));
+        assert_eq!((ok.exit_code, ok.exited, ok.status.as_str()), (0, true, "exit status 0"));
+        assert_eq!(ok.error, None);
+        let failed = end_event(ExitStatus::from_raw(3 << 8));
+        assert_eq!(failed.exit_code, 3);
+        assert_eq!(failed.error.as_deref(), Some("exit status 3"));
+        let killed = end_event(ExitStatus::from_raw(libc::SIGKILL));
+        assert_eq!((killed.exit_code, killed.exited), (-1, false));
+        assert_eq!(killed.status, "signal: killed");
+        assert_eq!(signal_name(64), "signal 64");
+    }
+}

@@ -1,0 +1,391 @@
+//! Sandbox lifecycle: create, find, extend, kill, expire, adopt after a restart, shut down.
+//!
+//! The store is written before the driver acts, so after a crash every host resource a sandbox
+//! may hold is named by a row (adopted or destroyed at the next start) or swept as an orphan.
+
+use crate::driver::{Driver, DriverError, LaunchSpec, SlotAddrs};
+use crate::ids::{random_token, SandboxId, TemplateName};
+use crate::store::{SandboxRecord, Store, StoreError};
+use airlock_wire::envd::InitRequest;
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How the lifecycle reaches a sandbox's agent. The server implements it over HTTP; keeping it a
+/// trait keeps HTTP out of the core.
+#[async_trait::async_trait]
+pub trait AgentClient: Send + Sync + 'static {
+    /// Waits until the agent at `addr` answers its health check, or `within` passes.
+    async fn wait_ready(&self, addr: Ipv4Addr, within: Duration) -> Result<(), String>;
+    /// Hands the agent its sandbox's settings (`POST /init`).
+    async fn init(&self, addr: Ipv4Addr, init: &InitRequest) -> Result<(), String>;
+}
+
+/// Server-wide defaults and caps.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub max_sandboxes: usize,
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    /// How long a new sandbox's agent may take to answer.
+    pub agent_start_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            max_sandboxes: 256,
+            cpu_count: 2,
+            memory_mb: 1024,
+            disk_mb: 5120,
+            agent_start_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("template '{0}' not found; build it with `airlock template build {0}`")]
+    TemplateNotFound(String),
+    #[error("sandbox '{0}' not found")]
+    SandboxNotFound(String),
+    #[error("the server already runs its maximum of {0} sandboxes")]
+    Capacity(usize),
+    #[error("timeout of {requested}s exceeds the maximum of {max}s")]
+    TimeoutTooLong { requested: u64, max: u64 },
+    #[error("starting the sandbox failed")]
+    Driver(#[source] DriverError),
+    #[error("the sandbox's agent did not start: {0}")]
+    Agent(String),
+    #[error("state store failed")]
+    Store(#[from] StoreError),
+}
+
+/// What a create asks for, already parsed.
+#[derive(Debug, Clone, Default)]
+pub struct CreateParams {
+    pub template: String,
+    pub timeout: Option<Duration>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    /// Whether the agent demands an access token (v2 sandboxes always do).
+    pub secure: bool,
+}
+
+/// A running sandbox.
+pub struct Sandbox {
+    record: Mutex<SandboxRecord>,
+    pub addrs: SlotAddrs,
+    /// Fired when the sandbox is killed, so open proxied streams can be cut.
+    killed: CancellationToken,
+}
+
+impl Sandbox {
+    pub fn record(&self) -> SandboxRecord {
+        self.record.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn id(&self) -> SandboxId {
+        self.record().id
+    }
+
+    pub fn access_token(&self) -> Option<String> {
+        self.record().access_token
+    }
+
+    /// Resolves when the sandbox is killed.
+    pub fn killed(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.killed.clone().cancelled_owned()
+    }
+}
+
+pub struct Lifecycle {
+    store: Arc<Store>,
+    driver: Arc<dyn Driver>,
+    agent: Arc<dyn AgentClient>,
+    limits: Limits,
+    live: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
+    /// Slots handed out, including those of sandboxes still starting.
+    slots: Mutex<Vec<bool>>,
+}
+
+pub fn now_unix() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+impl Lifecycle {
+    pub fn new(
+        store: Arc<Store>,
+        driver: Arc<dyn Driver>,
+        agent: Arc<dyn AgentClient>,
+        limits: Limits,
+    ) -> Arc<Self> {
+        Arc::new(Lifecycle {
+            store,
+            driver,
+            agent,
+            limits,
+            live: Mutex::new(HashMap::new()),
+            slots: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Arc<Sandbox>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_slot(&self) -> Result<u32, LifecycleError> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let used = slots.iter().filter(|s| **s).count();
+        if used >= self.limits.max_sandboxes {
+            return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
+        }
+        let slot = match slots.iter().position(|s| !*s) {
+            Some(free) => free,
+            None => {
+                slots.push(false);
+                slots.len() - 1
+            }
+        };
+        slots[slot] = true;
+        Ok(slot as u32)
+    }
+
+    fn mark_slot(&self, slot: u32, used: bool) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let i = slot as usize;
+        if slots.len() <= i {
+            slots.resize(i + 1, false);
+        }
+        slots[i] = used;
+    }
+
+    fn clamp_timeout(&self, timeout: Option<Duration>) -> Result<Duration, LifecycleError> {
+        let t = timeout.unwrap_or(self.limits.default_timeout);
+        if t > self.limits.max_timeout {
+            return Err(LifecycleError::TimeoutTooLong {
+                requested: t.as_secs(),
+                max: self.limits.max_timeout.as_secs(),
+            });
+        }
+        Ok(t)
+    }
+
+    pub async fn create(&self, params: CreateParams) -> Result<Arc<Sandbox>, LifecycleError> {
+        let template = TemplateName::parse(&params.template)
+            .ok()
+            .and_then(|name| self.store.template(&name).transpose())
+            .transpose()?
+            .ok_or_else(|| LifecycleError::TemplateNotFound(params.template.clone()))?;
+        let timeout = self.clamp_timeout(params.timeout)?;
+        let slot = self.take_slot()?;
+        let now = now_unix();
+        let record = SandboxRecord {
+            id: SandboxId::generate(),
+            template: template.name.clone(),
+            slot,
+            access_token: params.secure.then(|| random_token(32)),
+            metadata: params.metadata,
+            env_vars: params.env_vars,
+            started_at: now,
+            end_at: now + timeout.as_secs() as i64,
+            cpu_count: self.limits.cpu_count,
+            memory_mb: self.limits.memory_mb,
+            disk_mb: self.limits.disk_mb,
+        };
+        if let Err(e) = self.store.insert_sandbox(&record) {
+            self.mark_slot(slot, false);
+            return Err(e.into());
+        }
+        let spec = LaunchSpec {
+            id: record.id.clone(),
+            rootfs: template.rootfs.clone(),
+            slot,
+            cpu_count: record.cpu_count,
+            memory_mb: record.memory_mb,
+            disk_mb: record.disk_mb,
+        };
+        match self.boot(&spec, &record).await {
+            Ok(()) => {
+                let sandbox = Arc::new(Sandbox {
+                    addrs: SlotAddrs::for_slot(slot),
+                    record: Mutex::new(record.clone()),
+                    killed: CancellationToken::new(),
+                });
+                self.live().insert(record.id, sandbox.clone());
+                Ok(sandbox)
+            }
+            Err(e) => {
+                self.discard(&record.id, slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn boot(&self, spec: &LaunchSpec, record: &SandboxRecord) -> Result<(), LifecycleError> {
+        self.driver
+            .launch(spec)
+            .await
+            .map_err(LifecycleError::Driver)?;
+        let addr = SlotAddrs::for_slot(spec.slot).sandbox;
+        self.agent
+            .wait_ready(addr, self.limits.agent_start_timeout)
+            .await
+            .map_err(LifecycleError::Agent)?;
+        let init = InitRequest {
+            env_vars: record.env_vars.clone(),
+            access_token: record.access_token.clone(),
+            default_user: Some("user".into()),
+            default_workdir: None,
+        };
+        self.agent
+            .init(addr, &init)
+            .await
+            .map_err(LifecycleError::Agent)
+    }
+
+    /// Destroys whatever a sandbox holds and forgets it. Failures are logged: the orphan sweep at
+    /// the next start catches anything left.
+    async fn discard(&self, id: &SandboxId, slot: u32) {
+        if let Err(e) = self.driver.destroy(id, slot).await {
+            tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
+        }
+        if let Err(e) = self.store.delete_sandbox(id) {
+            tracing::error!(sandbox = %id, error = %e, "forgetting sandbox failed");
+        }
+        self.mark_slot(slot, false);
+    }
+
+    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, LifecycleError> {
+        SandboxId::parse(id)
+            .ok()
+            .and_then(|id| self.live().get(&id).cloned())
+            .ok_or_else(|| LifecycleError::SandboxNotFound(id.to_owned()))
+    }
+
+    /// Running sandboxes, oldest first.
+    pub fn list(&self) -> Vec<Arc<Sandbox>> {
+        let mut all: Vec<Arc<Sandbox>> = self.live().values().cloned().collect();
+        all.sort_by_key(|s| {
+            let r = s.record();
+            (r.started_at, r.id)
+        });
+        all
+    }
+
+    pub async fn kill(&self, id: &str) -> Result<(), LifecycleError> {
+        let sandbox = SandboxId::parse(id)
+            .ok()
+            .and_then(|id| self.live().remove(&id))
+            .ok_or_else(|| LifecycleError::SandboxNotFound(id.to_owned()))?;
+        sandbox.killed.cancel();
+        let record = sandbox.record();
+        self.discard(&record.id, record.slot).await;
+        Ok(())
+    }
+
+    /// Sets the sandbox to expire `timeout` from now (replacing the old deadline).
+    pub fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
+        let timeout = self.clamp_timeout(Some(timeout))?;
+        let sandbox = self.get(id)?;
+        let mut record = sandbox.record.lock().unwrap_or_else(|e| e.into_inner());
+        let end_at = now_unix() + timeout.as_secs() as i64;
+        self.store.set_end_at(&record.id, end_at)?;
+        record.end_at = end_at;
+        Ok(())
+    }
+
+    /// Kills every sandbox whose deadline has passed. Returns how many.
+    pub async fn reap_expired(&self) -> usize {
+        let now = now_unix();
+        let expired: Vec<SandboxId> = self
+            .live()
+            .values()
+            .map(|s| s.record())
+            .filter(|r| r.end_at <= now)
+            .map(|r| r.id)
+            .collect();
+        for id in &expired {
+            tracing::info!(sandbox = %id, "timeout reached; killing");
+            let _ = self.kill(id.as_str()).await;
+        }
+        expired.len()
+    }
+
+    /// Runs the expiry loop until `stop` fires.
+    pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => { self.reap_expired().await; }
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// After a (re)start: adopts every recorded sandbox whose runtime and agent still answer,
+    /// destroys the rest, then sweeps host resources that no record names.
+    pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
+        let mut report = RecoveryReport::default();
+        for record in self.store.sandboxes()? {
+            self.mark_slot(record.slot, true);
+            let addr = SlotAddrs::for_slot(record.slot).sandbox;
+            let alive = self.driver.is_running(&record.id).await
+                && self
+                    .agent
+                    .wait_ready(addr, Duration::from_secs(2))
+                    .await
+                    .is_ok();
+            if alive && record.end_at > now_unix() {
+                let sandbox = Arc::new(Sandbox {
+                    addrs: SlotAddrs::for_slot(record.slot),
+                    record: Mutex::new(record.clone()),
+                    killed: CancellationToken::new(),
+                });
+                self.live().insert(record.id.clone(), sandbox);
+                report.adopted.push(record.id);
+            } else {
+                self.discard(&record.id, record.slot).await;
+                report.removed.push(record.id);
+            }
+        }
+        let keep: Vec<(SandboxId, u32)> = self
+            .list()
+            .iter()
+            .map(|s| {
+                let r = s.record();
+                (r.id, r.slot)
+            })
+            .collect();
+        self.driver
+            .sweep_orphans(&keep)
+            .await
+            .map_err(LifecycleError::Driver)?;
+        Ok(report)
+    }
+
+    /// Kills every sandbox (clean shutdown leaves nothing behind on the host).
+    pub async fn shutdown(&self) {
+        let ids: Vec<SandboxId> = self.live().keys().cloned().collect();
+        for id in ids {
+            let _ = self.kill(id.as_str()).await;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RecoveryReport {
+    pub adopted: Vec<SandboxId>,
+    pub removed: Vec<SandboxId>,
+}

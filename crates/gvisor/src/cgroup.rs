@@ -1,0 +1,53 @@
+//! The sandboxes' cgroups: `airlock/{id}` under each controller (cgroup v1) or under the unified
+//! root (v2). runsc creates them from the spec and `runsc delete` removes them; this module only
+//! finds and removes what a crash left behind.
+
+use airlock_core::driver::DriverError;
+use std::path::{Path, PathBuf};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const PARENT: &str = "airlock";
+
+/// The spec's `linux.cgroupsPath` for a sandbox.
+pub(crate) fn path_for(id: &str) -> String {
+    format!("/{PARENT}/{id}")
+}
+
+/// Every `airlock` parent directory: one per v1 controller, or the v2 root's.
+fn parents() -> Vec<PathBuf> {
+    let root = Path::new(CGROUP_ROOT);
+    let mut dirs = vec![root.join(PARENT)];
+    if let Ok(entries) = std::fs::read_dir(root) {
+        dirs.extend(entries.flatten().map(|e| e.path().join(PARENT)));
+    }
+    dirs.retain(|d| d.is_dir());
+    dirs
+}
+
+/// Ids that have a cgroup of ours under any controller.
+pub(crate) fn ids() -> Vec<String> {
+    let mut ids: Vec<String> = parents()
+        .iter()
+        .filter_map(|p| std::fs::read_dir(p).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Removes the sandbox's cgroup directories; they must hold no process any more.
+pub(crate) fn remove(id: &str) -> Result<(), DriverError> {
+    for parent in parents() {
+        let dir = parent.join(id);
+        match std::fs::remove_dir(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DriverError::io(format!("removing cgroup {}", dir.display()))(e));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! Per-sandbox networking: a named netns `al-{id}` holding `eth0`, the peer of the host's
+//! `alv{slot}`, with a /30 from [`SlotAddrs`].
+//!
+//! runsc joins the netns through the spec's `linux.namespaces` path and its netstack takes
+//! `eth0`'s address over, so the host kernel only ever routes to the veth. We never use
+//! `ip netns exec`: it remounts `/sys`, after which runsc cannot find its cgroups. Setup is two
+//! `ip -batch` calls (host side, then inside the netns with `ip -n`) to keep spawns few.
+//!
+//! No NAT or filtering yet: the sandbox reaches the host's `.host` address and nothing beyond.
+//! Egress policy (and keeping sandboxes off the host's own services) is a later, separate layer.
+
+use airlock_core::driver::{DriverError, SlotAddrs};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+const NETNS_DIR: &str = "/run/netns";
+const NETNS_PREFIX: &str = "al-";
+const LINK_PREFIX: &str = "alv";
+const SYS_NET: &str = "/sys/class/net";
+
+pub(crate) fn netns_name(id: &str) -> String {
+    format!("{NETNS_PREFIX}{id}")
+}
+
+pub(crate) fn netns_path(id: &str) -> PathBuf {
+    Path::new(NETNS_DIR).join(netns_name(id))
+}
+
+/// The host end of the slot's veth; at most 8 characters (`alv16383`), well under IFNAMSIZ.
+pub(crate) fn link_name(slot: u32) -> String {
+    format!("{LINK_PREFIX}{slot}")
+}
+
+pub(crate) fn link_exists(slot: u32) -> bool {
+    Path::new(SYS_NET).join(link_name(slot)).exists()
+}
+
+/// The `ip -batch` scripts for a slot: first the host side, then inside the netns.
+fn scripts(id: &str, slot: u32) -> (String, String) {
+    let ns = netns_name(id);
+    let link = link_name(slot);
+    let SlotAddrs { host, sandbox } = SlotAddrs::for_slot(slot);
+    let host_side = format!(
+        "netns add {ns}\n\
+         link add {link} type veth peer name eth0 netns {ns}\n\
+         addr add {host}/30 dev {link}\n\
+         link set {link} up\n"
+    );
+    let inside = format!(
+        "link set lo up\n\
+         addr add {sandbox}/30 dev eth0\n\
+         link set eth0 up\n\
+         route add default via {host}\n"
+    );
+    (host_side, inside)
+}
+
+/// Creates the netns and veth pair and addresses both ends.
+pub(crate) async fn setup(id: &str, slot: u32) -> Result<(), DriverError> {
+    let (host_side, inside) = scripts(id, slot);
+    ip_batch(None, &host_side).await?;
+    ip_batch(Some(&netns_name(id)), &inside).await
+}
+
+/// Deletes the netns (which takes the veth pair with it once no process holds the netns).
+pub(crate) async fn delete_netns(id: &str) -> Result<(), DriverError> {
+    if !netns_path(id).exists() {
+        return Ok(());
+    }
+    ip(&["netns", "del", &netns_name(id)]).await
+}
+
+/// Deletes the host end of the slot's veth if it is still there.
+pub(crate) async fn delete_link(slot: u32) -> Result<(), DriverError> {
+    if !link_exists(slot) {
+        return Ok(());
+    }
+    let result = ip(&["link", "del", &link_name(slot)]).await;
+    // Deleting the netns may have removed it between our check and the call.
+    if result.is_err() && !link_exists(slot) {
+        return Ok(());
+    }
+    result
+}
+
+/// Sandbox ids that have a netns of ours.
+pub(crate) fn netns_ids() -> Result<Vec<String>, DriverError> {
+    prefixed_names(Path::new(NETNS_DIR), NETNS_PREFIX)
+}
+
+/// Slots that have a host link of ours.
+pub(crate) fn link_slots() -> Result<Vec<u32>, DriverError> {
+    Ok(prefixed_names(Path::new(SYS_NET), LINK_PREFIX)?
+        .iter()
+        .filter_map(|s| s.parse().ok())
+        .collect())
+}
+
+/// Names in `dir` that start with `prefix`, with the prefix cut off. A missing dir is empty.
+fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DriverError::io(format!("listing {}", dir.display()))(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(DriverError::io(format!("listing {}", dir.display())))?;
+        if let Some(rest) = entry.file_name().to_str().and_then(|n| n.strip_prefix(prefix)) {
+            out.push(rest.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+async fn ip(args: &[&str]) -> Result<(), DriverError> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(DriverError::io("starting ip"))?;
+    check("ip", args.join(" "), &out)
+}
+
+async fn ip_batch(netns: Option<&str>, script: &str) -> Result<(), DriverError> {
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = netns {
+        cmd.args(["-n", ns]);
+    }
+    let mut child = cmd
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(DriverError::io("starting ip -batch"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .await
+            .map_err(DriverError::io("writing to ip -batch"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(DriverError::io("waiting for ip -batch"))?;
+    check("ip -batch", script.trim().replace('\n', "; "), &out)
+}
+
+fn check(what: &str, args: String, out: &std::process::Output) -> Result<(), DriverError> {
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(DriverError::Command {
+        what: format!("{what} ({args})"),
+        detail: format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_address_both_ends_of_the_slot() {
+        let (host, inside) = scripts("abc", 1);
+        assert_eq!(
+            host,
+            "netns add al-abc\n\
+             link add alv1 type veth peer name eth0 netns al-abc\n\
+             addr add 10.77.0.5/30 dev alv1\n\
+             link set alv1 up\n"
+        );
+        assert!(inside.contains("addr add 10.77.0.6/30 dev eth0\n"));
+        assert!(inside.contains("route add default via 10.77.0.5\n"));
+        assert_eq!(link_name(SlotAddrs::MAX_SLOTS - 1).len(), 8);
+    }
+}

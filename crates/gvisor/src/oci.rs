@@ -1,0 +1,201 @@
+//! The OCI runtime spec (`config.json`) for one sandbox.
+
+use serde_json::{json, Value};
+
+/// Where the agent binary appears inside every sandbox (bind-mounted read-only from the host).
+pub const AGENT_PATH: &str = "/opt/airlock/airlock-agent";
+
+/// Docker's default capability set minus `CAP_NET_RAW` (no raw sockets: no packet crafting or
+/// ARP games on the sandbox's link). Root inside keeps what package installs and sudo need.
+const CAPABILITIES: &[&str] = &[
+    "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_MKNOD",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SETFCAP",
+    "CAP_SETGID",
+    "CAP_SETPCAP",
+    "CAP_SETUID",
+    "CAP_SYS_CHROOT",
+];
+
+const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Enough open files for Jupyter kernels and their ZeroMQ sockets.
+const NOFILE: u64 = 65536;
+
+/// Paths are `&str` because JSON needs UTF-8; the driver checks that once, up front.
+pub(crate) struct SpecParams<'a> {
+    pub id: &'a str,
+    pub rootfs: &'a str,
+    pub agent_binary: &'a str,
+    pub netns: &'a str,
+    /// A per-sandbox `/etc/hosts` naming the sandbox's hostname, so lookups of it never go to DNS.
+    pub hosts_file: &'a str,
+    /// Under each cgroup controller's root; runsc creates it and `runsc delete` removes it.
+    pub cgroups_path: &'a str,
+    /// 0 means no limit.
+    pub cpu_count: u32,
+    /// 0 means no limit. gVisor also reports this as the sandbox's `MemTotal`.
+    pub memory_mb: u32,
+}
+
+pub(crate) fn spec(p: &SpecParams<'_>) -> Value {
+    let mut resources = serde_json::Map::new();
+    if p.memory_mb > 0 {
+        resources.insert(
+            "memory".into(),
+            json!({ "limit": u64::from(p.memory_mb) * 1024 * 1024 }),
+        );
+    }
+    if p.cpu_count > 0 {
+        let period: u64 = 100_000;
+        resources.insert(
+            "cpu".into(),
+            json!({ "quota": u64::from(p.cpu_count) * period, "period": period }),
+        );
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            "args": [AGENT_PATH],
+            "env": [PATH_ENV, "HOME=/root"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": CAPABILITIES,
+                "effective": CAPABILITIES,
+                "permitted": CAPABILITIES,
+            },
+            "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE }],
+        },
+        // Writable only through runsc's overlay: the template directory itself is never written.
+        "root": { "path": p.rootfs, "readonly": false },
+        "hostname": p.id,
+        "mounts": [
+            { "destination": "/proc", "type": "proc", "source": "proc" },
+            {
+                "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
+            {
+                "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            },
+            {
+                "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+            },
+            {
+                "destination": "/sys", "type": "sysfs", "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            },
+            {
+                "destination": AGENT_PATH, "type": "bind", "source": p.agent_binary,
+                "options": ["bind", "ro"],
+            },
+            {
+                "destination": "/etc/hosts", "type": "bind", "source": p.hosts_file,
+                "options": ["bind", "ro"],
+            },
+        ],
+        "linux": {
+            "namespaces": [
+                { "type": "pid" },
+                { "type": "ipc" },
+                { "type": "uts" },
+                { "type": "mount" },
+                { "type": "network", "path": p.netns },
+            ],
+            "cgroupsPath": p.cgroups_path,
+            "resources": resources,
+        },
+    })
+}
+
+/// `/etc/hosts` for a sandbox: its hostname resolves to its own address, as under Docker.
+pub(crate) fn hosts_file(id: &str, addr: std::net::Ipv4Addr) -> String {
+    format!(
+        "127.0.0.1\tlocalhost\n\
+         {addr}\t{id}\n\
+         ::1\tlocalhost ip6-localhost ip6-loopback\n\
+         ff02::1\tip6-allnodes\n\
+         ff02::2\tip6-allrouters\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SpecParams<'static> {
+        SpecParams {
+            id: "abc",
+            rootfs: "/t/rootfs",
+            agent_binary: "/usr/lib/airlock/airlock-agent",
+            netns: "/run/netns/al-abc",
+            hosts_file: "/s/bundles/abc/hosts",
+            cgroups_path: "/airlock/abc",
+            cpu_count: 2,
+            memory_mb: 512,
+        }
+    }
+
+    #[test]
+    fn spec_is_deliberate() {
+        let s = spec(&params());
+        let caps = &s["process"]["capabilities"];
+        for set in ["bounding", "effective", "permitted"] {
+            let set: Vec<&str> = caps[set]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap())
+                .collect();
+            assert!(set.contains(&"CAP_SETUID"));
+            assert!(!set.contains(&"CAP_NET_RAW"));
+            assert!(!set.contains(&"CAP_SYS_ADMIN"));
+        }
+        assert_eq!(s["root"]["path"], "/t/rootfs");
+        assert_eq!(s["hostname"], "abc");
+        let netns = s["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["type"] == "network")
+            .unwrap();
+        assert_eq!(netns["path"], "/run/netns/al-abc");
+        let agent = s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == AGENT_PATH)
+            .unwrap();
+        assert_eq!(agent["source"], "/usr/lib/airlock/airlock-agent");
+        assert!(agent["options"].as_array().unwrap().contains(&json!("ro")));
+        assert_eq!(s["process"]["args"], json!([AGENT_PATH]));
+        assert_eq!(s["linux"]["resources"]["memory"]["limit"], 512u64 << 20);
+        assert_eq!(s["linux"]["resources"]["cpu"]["quota"], 200_000);
+    }
+
+    #[test]
+    fn zero_means_unlimited() {
+        let s = spec(&SpecParams {
+            cpu_count: 0,
+            memory_mb: 0,
+            ..params()
+        });
+        assert_eq!(s["linux"]["resources"], json!({}));
+    }
+
+    #[test]
+    fn hostname_resolves_locally() {
+        let hosts = hosts_file("abc", "10.77.0.2".parse().unwrap());
+        assert!(hosts.contains("10.77.0.2\tabc\n"));
+    }
+}

@@ -1,0 +1,338 @@
+//! The control-plane REST API, as E2B's SDKs call it (protocol doc §2).
+
+use crate::error::{ApiError, JsonBody};
+use crate::AppState;
+use airlock_core::lifecycle::{CreateParams, Sandbox as LiveSandbox};
+use airlock_core::store::SandboxRecord;
+use airlock_wire::api::{
+    NewSandbox, Sandbox, SandboxDetail, SandboxState, TimeoutBody,
+};
+use airlock_wire::ENVD_VERSION;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// Largest `limit` a list call may ask for.
+const MAX_PAGE: usize = 1000;
+/// Caps on what a create may attach, so one client cannot bloat the store.
+const MAX_MAP_ENTRIES: usize = 256;
+const MAX_MAP_BYTES: usize = 64 * 1024;
+
+pub fn routes(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route("/sandboxes", post(create_v1).get(list_v1))
+        .route("/v2/sandboxes", post(create_v2).get(list_v2))
+        .route("/sandboxes/{id}", get(detail).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/pause", post(not_yet))
+        .route("/sandboxes/{id}/resume", post(not_yet))
+        .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
+}
+
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if key.is_empty() {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "missing API key: send it in the X-API-KEY header").into_response();
+    }
+    match state.store.has_api_key_hash(&hash_key(key)) {
+        Ok(true) => next.run(req).await,
+        Ok(false) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "API key lookup failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error; see the server log").into_response()
+        }
+    }
+}
+
+fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if map.len() > MAX_MAP_ENTRIES || bytes > MAX_MAP_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "{what} is too large (at most {MAX_MAP_ENTRIES} entries and {MAX_MAP_BYTES} bytes)"
+        )));
+    }
+    if what == "envVars" {
+        if let Some(bad) = map.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
+            return Err(ApiError::bad_request(format!("invalid env var name {bad:?}")));
+        }
+    }
+    Ok(())
+}
+
+async fn create(state: &AppState, body: NewSandbox, secure: bool) -> Result<Response, ApiError> {
+    if body.template_id.is_empty() {
+        return Err(ApiError::bad_request("templateID is required"));
+    }
+    let metadata = body.metadata.unwrap_or_default();
+    let env_vars = body.env_vars.unwrap_or_default();
+    check_map("metadata", &metadata)?;
+    check_map("envVars", &env_vars)?;
+    // The SDK may send an alias like `team/name:tag`; templates here are plain names.
+    let template = body.template_id.rsplit('/').next().unwrap_or_default();
+    let template = template.split(':').next().unwrap_or_default().to_owned();
+    let sandbox = state
+        .lifecycle
+        .create(CreateParams {
+            template,
+            timeout: body.timeout.map(Duration::from_secs),
+            metadata,
+            env_vars,
+            secure,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
+}
+
+async fn create_v2(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<NewSandbox>,
+) -> Result<Response, ApiError> {
+    // v2 has no `secure` field: every sandbox is secured.
+    create(&state, body, true).await
+}
+
+async fn create_v1(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<NewSandbox>,
+) -> Result<Response, ApiError> {
+    let secure = body.secure.unwrap_or(false);
+    create(&state, body, secure).await
+}
+
+fn sandbox_body(r: &SandboxRecord) -> Sandbox {
+    Sandbox {
+        template_id: r.template.to_string(),
+        sandbox_id: r.id.to_string(),
+        client_id: "airlock".into(),
+        alias: Some(r.template.to_string()),
+        envd_version: ENVD_VERSION.into(),
+        envd_access_token: r.access_token.clone(),
+        domain: None,
+    }
+}
+
+fn rfc3339(unix: i64) -> String {
+    chrono::DateTime::from_timestamp(unix, 0)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
+    SandboxDetail {
+        template_id: r.template.to_string(),
+        sandbox_id: r.id.to_string(),
+        client_id: "airlock".into(),
+        alias: Some(r.template.to_string()),
+        started_at: rfc3339(r.started_at),
+        end_at: rfc3339(r.end_at),
+        envd_version: ENVD_VERSION.into(),
+        cpu_count: r.cpu_count,
+        memory_mb: r.memory_mb,
+        disk_size_mb: r.disk_mb,
+        state: SandboxState::Running,
+        metadata: r.metadata.clone(),
+        envd_access_token: if with_token { r.access_token.clone() } else { None },
+    }
+}
+
+async fn detail(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SandboxDetail>, ApiError> {
+    let sandbox = state.lifecycle.get(&id)?;
+    Ok(Json(detail_body(&sandbox.record(), true)))
+}
+
+async fn kill(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.lifecycle.kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_timeout(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<TimeoutBody>,
+) -> Result<StatusCode, ApiError> {
+    let secs = body
+        .timeout
+        .ok_or_else(|| ApiError::bad_request("timeout (seconds) is required"))?;
+    state.lifecycle.set_timeout(&id, Duration::from_secs(secs))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Connect to a running sandbox: extends its timeout if one is given (200; a resume would be 201).
+async fn connect(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<TimeoutBody>,
+) -> Result<Response, ApiError> {
+    let sandbox = state.lifecycle.get(&id)?;
+    if let Some(secs) = body.timeout {
+        extend_only(&state, &sandbox, secs)?;
+    }
+    Ok((StatusCode::OK, Json(sandbox_body(&sandbox.record()))).into_response())
+}
+
+/// Connecting never shortens a sandbox's life, it only extends it.
+fn extend_only(state: &AppState, sandbox: &LiveSandbox, secs: u64) -> Result<(), ApiError> {
+    let record = sandbox.record();
+    let wanted = airlock_core::lifecycle::now_unix() + secs as i64;
+    if wanted > record.end_at {
+        state
+            .lifecycle
+            .set_timeout(record.id.as_str(), Duration::from_secs(secs))?;
+    }
+    Ok(())
+}
+
+async fn not_yet() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "pause and resume are not supported by this Airlock server yet",
+    )
+}
+
+/// `metadata` as the SDK sends it: quoted three times (protocol doc §2.2).
+fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError> {
+    let once = percent_decode(raw)?;
+    let mut out = BTreeMap::new();
+    for pair in once.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| ApiError::bad_request(format!("metadata filter {pair:?} is not key=value")))?;
+        out.insert(percent_decode(k)?, percent_decode(v)?);
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Result<String, ApiError> {
+    let bad = || ApiError::bad_request(format!("malformed percent-encoding in {s:?}"));
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
+                let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+fn matching(state: &AppState, query: &HashMap<String, String>) -> Result<Vec<SandboxRecord>, ApiError> {
+    let filter = match query.get("metadata") {
+        Some(raw) => parse_metadata_filter(raw)?,
+        None => BTreeMap::new(),
+    };
+    // Only running sandboxes exist here; asking for paused ones alone yields nothing.
+    if let Some(states) = query.get("state") {
+        if !states.split(',').any(|s| s.trim() == "running") {
+            return Ok(Vec::new());
+        }
+    }
+    let template = query.get("template");
+    Ok(state
+        .lifecycle
+        .list()
+        .iter()
+        .map(|s| s.record())
+        .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+        .filter(|r| template.is_none_or(|t| r.template.as_str() == t))
+        .collect())
+}
+
+async fn list_v1(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
+    let all = matching(&state, &query)?;
+    Ok(Json(all.iter().map(|r| detail_body(r, false)).collect()))
+}
+
+/// Paginated list: `nextToken` is the id of the first sandbox of the next page.
+async fn list_v2(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let mut all = matching(&state, &query)?;
+    if query.get("order").map(String::as_str) == Some("desc") {
+        all.reverse();
+    }
+    let limit = match query.get("limit") {
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|l| (1..=MAX_PAGE).contains(l))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be 1..={MAX_PAGE}")))?,
+        None => MAX_PAGE,
+    };
+    let start = match query.get("nextToken").filter(|t| !t.is_empty()) {
+        Some(token) => all
+            .iter()
+            .position(|r| r.id.as_str() == token)
+            .ok_or_else(|| ApiError::bad_request("nextToken is unknown or expired"))?,
+        None => 0,
+    };
+    let page: Vec<SandboxDetail> = all
+        .iter()
+        .skip(start)
+        .take(limit)
+        .map(|r| detail_body(r, false))
+        .collect();
+    let mut resp = Json(page).into_response();
+    if let Some(next) = all.get(start + limit) {
+        if let Ok(v) = HeaderValue::from_str(next.id.as_str()) {
+            resp.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filter_is_decoded_three_times() {
+        // What the SDK sends for {"user": "a b"} after the HTTP layer's own decoding.
+        let parsed = parse_metadata_filter("user=a%2520b").unwrap();
+        assert_eq!(parsed.get("user").map(String::as_str), Some("a b"));
+        let two = parse_metadata_filter("a%3D1%26b%3D2").unwrap();
+        assert_eq!(two.len(), 2);
+        assert!(parse_metadata_filter("novalue").is_err());
+        assert!(parse_metadata_filter("a=%zz").is_err());
+    }
+
+    #[test]
+    fn env_var_names_are_checked() {
+        let ok = BTreeMap::from([("A".to_string(), "1".to_string())]);
+        assert!(check_map("envVars", &ok).is_ok());
+        let bad = BTreeMap::from([("A=B".to_string(), "1".to_string())]);
+        assert!(check_map("envVars", &bad).is_err());
+    }
+}

@@ -1,0 +1,372 @@
+//! Client commands: `airlock sandbox …` talks to a running server over its API; `airlock
+//! template …` works on the local data dir.
+
+use crate::serve::DataDir;
+use airlock_core::ids::TemplateName;
+use airlock_core::store::Store;
+use airlock_wire::api::{ErrorBody, SandboxDetail};
+use airlock_wire::connect::{self, Decoder};
+use airlock_wire::envd::{ProcessEvent, ProcessEventMessage, ProcessOutput};
+use axum::body::Body;
+use base64::Engine;
+use clap::Subcommand;
+use http_body_util::BodyExt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum SandboxCommand {
+    /// List running sandboxes.
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Kill sandboxes. Exits 1 if any of them did not exist.
+    Kill {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Run a command inside a sandbox, streaming its output; exits with the command's exit code.
+    #[command(trailing_var_arg = true)]
+    Exec {
+        /// Run as this user inside the sandbox.
+        #[arg(long, default_value = "user")]
+        user: String,
+        /// Working directory inside the sandbox [default: the user's home].
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Extra environment variable, `KEY=VALUE` (repeatable).
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        envs: Vec<String>,
+        id: String,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TemplateCommand {
+    /// List built templates.
+    Ls,
+    /// Build a template's root filesystem (needs root; reuses the cache when nothing changed).
+    /// Known templates: base.
+    Build { name: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("cannot reach the Airlock server at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("{0}")]
+    Failed(String),
+    #[error(transparent)]
+    Other(anyhow::Error),
+}
+
+impl CliError {
+    pub fn describe(&self) -> String {
+        match self {
+            CliError::Other(e) => format!("{e:#}"),
+            other => other.to_string(),
+        }
+    }
+
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Unreachable { .. } => ExitCode::from(3),
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// A minimal client for the server's API and sandbox proxy.
+pub struct Client {
+    base: String,
+    api_key: Option<String>,
+    http: crate::proxy::HttpClient,
+}
+
+impl Client {
+    pub fn new(url: &str, api_key: Option<String>, data_dir: &Path) -> Self {
+        // Same host as the server: the key it generated is in its data dir.
+        let api_key = api_key.or_else(|| {
+            std::fs::read_to_string(DataDir(data_dir.to_owned()).api_key_file())
+                .ok()
+                .map(|k| k.trim().to_owned())
+        });
+        Client {
+            base: url.trim_end_matches('/').to_owned(),
+            api_key,
+            http: crate::proxy::http_client(),
+        }
+    }
+
+    fn request(&self, method: &str, path: &str) -> http::request::Builder {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        if let Some(key) = &self.api_key {
+            req = req.header("x-api-key", key);
+        }
+        req
+    }
+
+    async fn send(&self, req: hyper::Request<Body>) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
+        self.http
+            .request(req)
+            .await
+            .map_err(|e| CliError::Unreachable {
+                url: self.base.clone(),
+                detail: e.to_string(),
+            })
+    }
+
+    /// Sends a bodyless API call and returns the body of a 2xx answer.
+    async fn call(&self, method: &str, path: &str) -> Result<Vec<u8>, CliError> {
+        let req = self
+            .request(method, path)
+            .body(Body::empty())
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        let resp = self.send(req).await?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| CliError::Failed(format!("reading the answer: {e}")))?
+            .to_bytes();
+        if status.is_success() {
+            return Ok(body.to_vec());
+        }
+        let message = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|e| e.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+        Err(CliError::Failed(format!("{} ({status})", message)))
+    }
+}
+
+pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, CliError> {
+    match cmd {
+        SandboxCommand::Ls { json } => {
+            let body = client.call("GET", "/v2/sandboxes").await?;
+            let list: Vec<SandboxDetail> = serde_json::from_slice(&body)
+                .map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))?;
+            if json {
+                println!("{}", String::from_utf8_lossy(&body));
+            } else {
+                print_sandboxes(&list);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SandboxCommand::Kill { ids } => {
+            let mut failed = false;
+            for id in &ids {
+                match client.call("DELETE", &format!("/sandboxes/{id}")).await {
+                    Ok(_) => println!("killed {id}"),
+                    Err(CliError::Failed(msg)) => {
+                        eprintln!("airlock: {id}: {msg}");
+                        failed = true;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+        }
+        SandboxCommand::Exec {
+            user,
+            cwd,
+            envs,
+            id,
+            command,
+        } => exec(&client, &id, &user, cwd, &envs, &command).await,
+    }
+}
+
+fn print_sandboxes(list: &[SandboxDetail]) {
+    let rows: Vec<[String; 5]> = list
+        .iter()
+        .map(|s| {
+            let metadata = s
+                .metadata
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            [
+                s.sandbox_id.clone(),
+                s.template_id.clone(),
+                s.started_at.clone(),
+                s.end_at.clone(),
+                metadata,
+            ]
+        })
+        .collect();
+    print_table(&["ID", "TEMPLATE", "STARTED", "EXPIRES", "METADATA"], &rows);
+}
+
+fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// Runs `command` through the sandbox's agent (process.Process/Start, as the SDK does).
+async fn exec(
+    client: &Client,
+    id: &str,
+    user: &str,
+    cwd: Option<String>,
+    envs: &[String],
+    command: &[String],
+) -> Result<ExitCode, CliError> {
+    let detail: SandboxDetail = serde_json::from_slice(&client.call("GET", &format!("/sandboxes/{id}")).await?)
+        .map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))?;
+    let mut env_map = serde_json::Map::new();
+    for pair in envs {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| CliError::Failed(format!("--env {pair:?} is not KEY=VALUE")))?;
+        env_map.insert(k.to_owned(), v.into());
+    }
+    let mut process = serde_json::json!({
+        "cmd": command[0],
+        "args": &command[1..],
+        "envs": env_map,
+    });
+    if let Some(cwd) = cwd {
+        process["cwd"] = cwd.into();
+    }
+    let message = serde_json::json!({"process": process, "stdin": false});
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+    let mut req = client
+        .request("POST", "/process.Process/Start")
+        .header(airlock_wire::SANDBOX_ID_HEADER, id)
+        .header("content-type", connect::STREAM_CONTENT_TYPE)
+        .header("connect-protocol-version", "1")
+        .header("authorization", format!("Basic {basic}"));
+    if let Some(token) = &detail.envd_access_token {
+        req = req.header(airlock_wire::ACCESS_TOKEN_HEADER, token);
+    }
+    let req = req
+        .body(Body::from(connect::encode_message(&message)))
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let resp = client.send(req).await?;
+    if !resp.status().is_success() {
+        let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        return Err(CliError::Failed(format!("starting the command failed: {}", String::from_utf8_lossy(&body))));
+    }
+
+    let mut body = resp.into_body();
+    let mut decoder = Decoder::default();
+    let mut exit: Option<i32> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
+        let Some(chunk) = frame.data_ref() else { continue };
+        decoder.push(chunk);
+        while let Some(env) = decoder.next_envelope().map_err(|e| CliError::Failed(e.to_string()))? {
+            if env.is_end_stream() {
+                let end: connect::EndOfStream = serde_json::from_slice(&env.payload).unwrap_or_default();
+                if let Some(err) = end.error {
+                    return Err(CliError::Failed(format!("{:?}: {}", err.code, err.message)));
+                }
+                continue;
+            }
+            let msg: ProcessEventMessage = serde_json::from_slice(&env.payload)
+                .map_err(|e| CliError::Failed(format!("unexpected message: {e}")))?;
+            match msg.event {
+                ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(&d);
+                    let _ = out.flush();
+                }
+                ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
+                    let _ = std::io::stderr().write_all(&d);
+                }
+                ProcessEvent::End(end) => {
+                    if end.exit_code < 0 {
+                        eprintln!("airlock: command ended: {}", end.status);
+                    }
+                    exit = Some(end.exit_code);
+                }
+                ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
+            }
+        }
+    }
+    match exit {
+        Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
+        None => Err(CliError::Failed("the command ended without an exit status".into())),
+    }
+}
+
+pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode, CliError> {
+    let data = DataDir(data_dir.to_owned());
+    match cmd {
+        TemplateCommand::Ls => {
+            let store = open_store(&data)?;
+            let rows: Vec<[String; 4]> = store
+                .templates()
+                .map_err(|e| CliError::Other(e.into()))?
+                .into_iter()
+                .map(|t| {
+                    [
+                        t.name.to_string(),
+                        t.content_hash.chars().take(12).collect(),
+                        format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
+                        chrono::DateTime::from_timestamp(t.built_at, 0)
+                            .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                            .unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print_table(&["NAME", "HASH", "SIZE", "BUILT"], &rows);
+            Ok(ExitCode::SUCCESS)
+        }
+        TemplateCommand::Build { name } => {
+            let parsed = TemplateName::parse(&name).map_err(|e| CliError::Failed(e.to_string()))?;
+            let recipe = airlock_core::template::recipe(&parsed).ok_or_else(|| {
+                CliError::Failed(format!("no recipe for template '{name}'; known templates: base"))
+            })?;
+            if !nix::unistd::geteuid().is_root() {
+                return Err(CliError::Failed("building a template needs root (debootstrap, chroot)".into()));
+            }
+            data.create().map_err(CliError::Other)?;
+            let store = open_store(&data)?;
+            let started = std::time::Instant::now();
+            let mut progress = |line: &str| println!("  {line}");
+            let record = airlock_core::template::build(&recipe, &data.templates(), &store, &mut progress)
+                .await
+                .map_err(|e| CliError::Other(e.into()))?;
+            println!(
+                "template {} ready ({}, {:.0} MiB) in {:.1}s",
+                record.name,
+                &record.content_hash[..12],
+                record.size_bytes as f64 / (1024.0 * 1024.0),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn open_store(data: &DataDir) -> Result<Store, CliError> {
+    let path: PathBuf = data.db();
+    Store::open(&path).map_err(|e| CliError::Other(anyhow::Error::new(e).context(format!("opening {}", path.display()))))
+}

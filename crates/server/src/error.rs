@@ -1,0 +1,101 @@
+//! The HTTP edge's error: every failure leaves as E2B's `{code, message}` JSON with its status.
+
+use airlock_core::lifecycle::LifecycleError;
+use airlock_wire::api::ErrorBody;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+}
+
+impl From<LifecycleError> for ApiError {
+    fn from(err: LifecycleError) -> Self {
+        let status = match &err {
+            LifecycleError::TemplateNotFound(_) | LifecycleError::SandboxNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            LifecycleError::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LifecycleError::TimeoutTooLong { .. } => StatusCode::BAD_REQUEST,
+            LifecycleError::Driver(_) | LifecycleError::Agent(_) | LifecycleError::Store(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        if status.is_server_error() {
+            // The full cause chain (which may name host paths) goes to the log, not the client.
+            let mut chain = err.to_string();
+            let mut source = std::error::Error::source(&err);
+            while let Some(s) = source {
+                chain.push_str(": ");
+                chain.push_str(&s.to_string());
+                source = s.source();
+            }
+            tracing::error!(error = %chain, "request failed");
+            let message = match err {
+                LifecycleError::Agent(_) => "the sandbox's agent did not start; see the server log",
+                LifecycleError::Driver(_) => "starting the sandbox failed; see the server log",
+                _ => "internal error; see the server log",
+            };
+            return ApiError::new(status, message);
+        }
+        ApiError::new(status, err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(ErrorBody {
+                code: self.status.as_u16(),
+                message: self.message,
+            }),
+        )
+            .into_response()
+    }
+}
+
+/// Axum's JSON extractor, but its rejections leave as `{code, message}` too.
+pub struct JsonBody<T>(pub T);
+
+impl<T, S> axum::extract::FromRequest<S> for JsonBody<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("cannot read request body: {e}")))?;
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+    }
+}

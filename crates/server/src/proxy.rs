@@ -1,0 +1,322 @@
+//! Sandbox traffic: requests that name a sandbox (by `E2b-Sandbox-Id`, by a Host of the form
+//! `{port}-{id}.{domain}`, or by a signed `/files` URL) are forwarded to that sandbox's agent.
+//!
+//! Bodies stream both ways unbuffered. When a sandbox is killed its open responses are cut, so
+//! the SDK sees the stream break (not a clean end), as it does against E2B.
+
+use crate::AppState;
+use airlock_core::lifecycle::Sandbox;
+use airlock_wire::api::SandboxNotFoundBody;
+use airlock_wire::{ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use base64::Engine;
+use bytes::Bytes;
+use http_body::Frame;
+use hyper_util::client::legacy::connect::HttpConnector;
+use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+pub type HttpClient = hyper_util::client::legacy::Client<HttpConnector, Body>;
+
+/// Agent routes only the server may call; the proxy never forwards them.
+const INTERNAL_PATHS: &[&str] = &["/init"];
+
+pub fn http_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .build(connector)
+}
+
+/// Which sandbox and port a request is for, if it is sandbox traffic at all.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    Sandbox { id: String, port: u16 },
+    /// A signed `/files` URL: the sandbox is the one whose token made the signature.
+    SignedFiles,
+}
+
+fn classify(headers: &HeaderMap, uri: &Uri) -> Option<Target> {
+    if let Some(id) = headers.get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
+        let port = headers
+            .get(SANDBOX_PORT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(ENVD_PORT);
+        return Some(Target::Sandbox {
+            id: id.trim().to_owned(),
+            port,
+        });
+    }
+    if let Some(target) = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_sandbox_host)
+    {
+        return Some(target);
+    }
+    let signed = uri.path() == "/files"
+        && uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("signature=")));
+    signed.then_some(Target::SignedFiles)
+}
+
+/// `49983-abc123.example.test[:port]` → sandbox `abc123`, port 49983.
+fn parse_sandbox_host(host: &str) -> Option<Target> {
+    let label = host.split('.').next()?;
+    if label.len() == host.len() {
+        return None; // a bare name like `localhost` is the API
+    }
+    let (port, id) = label.split_once('-')?;
+    let port = port.parse().ok()?;
+    let id_ok = !id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    id_ok.then(|| Target::Sandbox {
+        id: id.to_owned(),
+        port,
+    })
+}
+
+/// Middleware in front of the API: sandbox traffic is forwarded, everything else passes on.
+pub async fn route_sandbox_traffic(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match classify(req.headers(), req.uri()) {
+        None => next.run(req).await,
+        Some(Target::Sandbox { id, port }) => match state.lifecycle.get(&id) {
+            Ok(sandbox) => forward(&state, sandbox, port, req).await,
+            Err(_) => sandbox_not_found(&id),
+        },
+        Some(Target::SignedFiles) => match signer_of(&state, req.uri()) {
+            Some(sandbox) => forward(&state, sandbox, ENVD_PORT, req).await,
+            None => crate::error::ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "the signature matches no running sandbox",
+            )
+            .into_response(),
+        },
+    }
+}
+
+/// The answer E2B's proxy gives for a sandbox that does not exist (any more); the SDK turns it
+/// into "sandbox not running".
+pub fn sandbox_not_found(id: &str) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(SandboxNotFoundBody {
+            sandbox_id: id.to_owned(),
+            message: "The sandbox was not found".into(),
+            code: 502,
+        }),
+    )
+        .into_response()
+}
+
+fn bad_gateway(id: &str, message: &str) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(SandboxNotFoundBody {
+            sandbox_id: id.to_owned(),
+            message: message.into(),
+            code: 502,
+        }),
+    )
+        .into_response()
+}
+
+/// The sandbox whose access token produced this URL's signature (protocol doc §3.6).
+fn signer_of(state: &AppState, uri: &Uri) -> Option<Arc<Sandbox>> {
+    let query: Vec<(String, String)> = uri
+        .query()
+        .map(url_pairs)
+        .unwrap_or_default();
+    let get = |k: &str| query.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let signature = get("signature")?;
+    let path = get("path").unwrap_or("");
+    let username = get("username").unwrap_or("");
+    let expiration = get("signature_expiration");
+    state.lifecycle.list().into_iter().find(|sandbox| {
+        let Some(token) = sandbox.access_token() else {
+            return false;
+        };
+        ["read", "write"]
+            .iter()
+            .any(|op| sign(path, op, username, &token, expiration) == signature)
+    })
+}
+
+pub fn sign(path: &str, operation: &str, username: &str, token: &str, expiration: Option<&str>) -> String {
+    let mut input = format!("{path}:{operation}:{username}:{token}");
+    if let Some(exp) = expiration {
+        input.push(':');
+        input.push_str(exp);
+    }
+    format!("v1_{}", STANDARD_NO_PAD.encode(Sha256::digest(input.as_bytes())))
+}
+
+fn url_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            Some((decode(k)?, decode(v)?))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+];
+
+async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Request) -> Response {
+    let id = sandbox.id().to_string();
+    if INTERNAL_PATHS.contains(&req.uri().path()) {
+        return crate::error::ApiError::not_found(format!("{} is not a public route", req.uri().path()))
+            .into_response();
+    }
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    parts.uri = match format!("http://{}:{port}{path}", sandbox.addrs.sandbox).parse() {
+        Ok(uri) => uri,
+        Err(_) => return crate::error::ApiError::bad_request("malformed request path").into_response(),
+    };
+    for name in HOP_BY_HOP {
+        parts.headers.remove(*name);
+    }
+    let upstream = hyper::Request::from_parts(parts, body);
+    let result = tokio::select! {
+        r = state.http.request(upstream) => r,
+        _ = sandbox.killed() => return sandbox_not_found(&id),
+    };
+    match result {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            let body = CutOnKill {
+                inner: body,
+                killed: Box::pin(sandbox.killed()),
+            };
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) if e.is_connect() => bad_gateway(&id, "The sandbox is running but port is not open"),
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "proxying to sandbox failed");
+            bad_gateway(&id, "The sandbox did not answer")
+        }
+    }
+}
+
+/// A response body that fails as soon as its sandbox is killed, so the client's stream breaks.
+struct CutOnKill {
+    inner: hyper::body::Incoming,
+    killed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl http_body::Body for CutOnKill {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.killed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err("the sandbox was killed".into())));
+        }
+        Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(|e| Box::new(e) as Self::Error)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn classifies_by_header_host_and_signature() {
+        let uri: Uri = "/process.Process/Start".parse().unwrap();
+        assert_eq!(
+            classify(&headers(&[("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", "49999")]), &uri),
+            Some(Target::Sandbox { id: "abc".into(), port: 49999 })
+        );
+        assert_eq!(
+            classify(&headers(&[("host", "8080-abc1.airlock.test:3000")]), &uri),
+            Some(Target::Sandbox { id: "abc1".into(), port: 8080 })
+        );
+        assert_eq!(classify(&headers(&[("host", "127.0.0.1:3000")]), &uri), None);
+        assert_eq!(classify(&headers(&[("host", "localhost:3000")]), &uri), None);
+        let signed: Uri = "/files?path=%2Fa&signature=v1_x".parse().unwrap();
+        assert_eq!(classify(&headers(&[]), &signed), Some(Target::SignedFiles));
+        let health: Uri = "/health".parse().unwrap();
+        assert_eq!(classify(&headers(&[]), &health), None);
+    }
+
+    #[test]
+    fn signatures_match_the_sdk_formula() {
+        // "v1_" + unpadded base64 of sha256("/a:read:user:tok"), computed independently with
+        // Python's hashlib.
+        let sig = sign("/a", "read", "user", "tok", None);
+        assert_eq!(sig, "v1_Fh5abAPjRBN6FHQ5HTJwGAHjHfzJmhV0f2EtHLgLVa0");
+        assert_ne!(sig, sign("/a", "write", "user", "tok", None));
+        assert_ne!(sig, sign("/a", "read", "user", "tok", Some("1")));
+        assert_eq!(url_pairs("path=%2Fhome%2Fuser&x=a+b"), vec![
+            ("path".to_string(), "/home/user".to_string()),
+            ("x".to_string(), "a b".to_string())
+        ]);
+    }
+}

@@ -1,0 +1,214 @@
+//! `airlock serve`: recover state, then answer the REST API and route sandbox traffic on one port.
+
+use crate::agent_client::HttpAgentClient;
+use crate::{api, proxy, AppState, AppStateInner};
+use airlock_core::driver::Driver;
+use airlock_core::lifecycle::{Lifecycle, Limits};
+use airlock_core::store::Store;
+use anyhow::{bail, Context};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Largest request body the API reads (sandbox traffic is streamed and not capped here).
+const MAX_API_BODY: usize = 1024 * 1024;
+
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub agent_binary: Option<PathBuf>,
+    pub limits: Limits,
+}
+
+/// The data dir's layout.
+pub struct DataDir(pub PathBuf);
+
+impl DataDir {
+    pub fn db(&self) -> PathBuf {
+        self.0.join("airlock.db")
+    }
+    pub fn templates(&self) -> PathBuf {
+        self.0.join("templates")
+    }
+    pub fn gvisor(&self) -> PathBuf {
+        self.0.join("gvisor")
+    }
+    /// Where the generated API key is kept for the CLI (root-only).
+    pub fn api_key_file(&self) -> PathBuf {
+        self.0.join("api-key")
+    }
+
+    pub fn create(&self) -> anyhow::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.0)
+            .with_context(|| format!("creating data dir {}", self.0.display()))
+    }
+}
+
+/// `airlock-agent` is shipped next to the `airlock` binary.
+fn find_agent(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .context("locating the airlock binary")?
+            .with_file_name("airlock-agent"),
+    };
+    if !path.is_file() {
+        bail!(
+            "the sandbox agent binary {} does not exist; build it with `cargo build --release` \
+             or pass --agent-bin",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Makes sure at least one API key exists. Returns a key to print if one was made or given.
+fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
+    if let Ok(key) = std::env::var("AIRLOCK_API_KEY") {
+        if key.trim().is_empty() {
+            bail!("AIRLOCK_API_KEY is set but empty");
+        }
+        store.add_api_key_hash(&api::hash_key(key.trim()), airlock_core::lifecycle::now_unix())?;
+        return Ok(KeySource::Environment);
+    }
+    if store.api_key_count()? > 0 {
+        return Ok(KeySource::Existing);
+    }
+    let key = format!("e2b_{}", hex::encode(rand::random::<[u8; 20]>()));
+    store.add_api_key_hash(&api::hash_key(&key), airlock_core::lifecycle::now_unix())?;
+    write_private(&data.api_key_file(), key.as_bytes())?;
+    Ok(KeySource::Generated(key))
+}
+
+enum KeySource {
+    Environment,
+    Existing,
+    Generated(String),
+}
+
+fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(contents)?;
+    Ok(())
+}
+
+pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("airlock serve must run as root: sandboxes need network namespaces, mounts and runsc");
+    }
+    let data = DataDir(opts.data_dir.clone());
+    data.create()?;
+    let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
+    let key = ensure_api_key(&store, &data)?;
+    let agent_binary = find_agent(opts.agent_binary)?;
+    let driver: Arc<dyn Driver> = Arc::new(
+        airlock_gvisor::GvisorDriver::new(airlock_gvisor::GvisorConfig {
+            state_dir: data.gvisor(),
+            agent_binary,
+            runsc: PathBuf::from("runsc"),
+        })
+        .context("setting up the gVisor driver")?,
+    );
+    let http = proxy::http_client();
+    let lifecycle = Lifecycle::new(
+        store.clone(),
+        driver,
+        Arc::new(HttpAgentClient { http: http.clone() }),
+        opts.limits,
+    );
+    let report = lifecycle.recover().await.context("recovering sandboxes")?;
+    if !report.adopted.is_empty() || !report.removed.is_empty() {
+        tracing::info!(
+            adopted = report.adopted.len(),
+            removed = report.removed.len(),
+            "recovered sandboxes from the last run"
+        );
+    }
+
+    let stop = CancellationToken::new();
+    let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
+    let state: AppState = Arc::new(AppStateInner {
+        lifecycle: lifecycle.clone(),
+        store,
+        http,
+    });
+    let app = Router::new()
+        .route("/health", get(|| async { (StatusCode::OK, "ok") }))
+        .merge(api::routes(state.clone()))
+        .fallback(|| async { crate::error::ApiError::not_found("no such route") })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_API_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            proxy::route_sandbox_traffic,
+        ))
+        .with_state(state);
+
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .with_context(|| format!("listening on {}", opts.listen))?;
+    println!("Airlock is serving on http://{}", opts.listen);
+    match key {
+        KeySource::Generated(key) => {
+            println!("Generated API key (also saved to {}):", data.api_key_file().display());
+            println!("  {key}");
+        }
+        KeySource::Environment => println!("API key: from AIRLOCK_API_KEY"),
+        KeySource::Existing => println!(
+            "API key: as before (the generated one is in {})",
+            data.api_key_file().display()
+        ),
+    }
+    println!("Point the E2B SDK here with:");
+    println!("  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}", opts.listen);
+
+    // On a signal, kill every sandbox first: that cuts their open streams, which graceful
+    // shutdown would otherwise wait on forever.
+    let draining = lifecycle.clone();
+    let reaper_stop = stop.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            wait_for_signal().await;
+            println!("Shutting down: killing all sandboxes");
+            reaper_stop.cancel();
+            if tokio::time::timeout(Duration::from_secs(60), draining.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::error!("sandboxes did not stop within 60s");
+            }
+        })
+        .await
+        .context("serving")?;
+    stop.cancel();
+    let _ = reaper.await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

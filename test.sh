@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The full test suite, one command: installs what is missing, builds, runs the Rust unit tests,
+# builds the `base` template (cached by content hash), then runs the integration tests: a real
+# `airlock serve` with real gVisor sandboxes, driven by the pinned e2b SDK from PyPI.
+#
+#   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default /var/tmp/airlock-test)
+#   PYTEST_ARGS            extra pytest arguments, e.g. "-k files -x"
+set -euo pipefail
+cd "$(dirname "$0")"
+
+export AIRLOCK_TEST_DATA_DIR=${AIRLOCK_TEST_DATA_DIR:-/var/tmp/airlock-test}
+
+scripts/install-deps.sh
+echo "==> building"
+cargo build --release --bins --quiet
+echo "==> unit tests"
+cargo test --release --workspace --quiet
+echo "==> base template"
+target/release/airlock --data-dir "$AIRLOCK_TEST_DATA_DIR" template build base
+echo "==> integration tests"
+# shellcheck disable=SC2086
+.venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}

@@ -1,0 +1,90 @@
+"""Commands through the stock SDK: output, exit codes, cwd, env, background processes, stdin."""
+
+import time
+
+import pytest
+from e2b import CommandExitException, TimeoutException
+
+
+def test_create_with_env_vars_and_metadata(sandbox_factory):
+    sbx = sandbox_factory(envs={"GREETING": "hello from create"}, metadata={"owner": "alice b"})
+    assert sbx.commands.run("echo $GREETING").stdout == "hello from create\n"
+    info = sbx.get_info()
+    assert info.metadata["owner"] == "alice b"
+    assert info.template_id == "base"
+    assert sbx.is_running()
+
+
+def test_stdout_stderr_and_exit_codes(sandbox):
+    r = sandbox.commands.run("echo out; echo err >&2")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 0)
+    with pytest.raises(CommandExitException) as exc:
+        sandbox.commands.run("echo partial; exit 7")
+    assert exc.value.exit_code == 7
+    assert exc.value.stdout == "partial\n"
+
+
+def test_runs_as_user_in_home_by_default_and_as_root_on_request(sandbox):
+    r = sandbox.commands.run("whoami; pwd; echo $HOME")
+    assert r.stdout.split() == ["user", "/home/user", "/home/user"]
+    assert sandbox.commands.run("whoami", user="root").stdout == "root\n"
+
+
+def test_cwd_and_env(sandbox):
+    assert sandbox.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+    assert sandbox.commands.run("echo $A-$B", envs={"A": "1", "B": "two"}).stdout == "1-two\n"
+    with pytest.raises(Exception) as exc:
+        sandbox.commands.run("pwd", cwd="/does/not/exist")
+    assert "does not exist" in str(exc.value)
+
+
+def test_streaming_callbacks_arrive_in_order(sandbox):
+    seen = []
+    sandbox.commands.run("for i in 1 2 3; do echo $i; sleep 0.1; done", on_stdout=seen.append)
+    assert "".join(seen) == "1\n2\n3\n"
+
+
+def test_background_process_list_and_kill(sandbox):
+    handle = sandbox.commands.run("sleep 600", background=True)
+    pids = [p.pid for p in sandbox.commands.list()]
+    assert handle.pid in pids
+    listed = next(p for p in sandbox.commands.list() if p.pid == handle.pid)
+    assert listed.args[-1] == "sleep 600"
+    assert sandbox.commands.kill(handle.pid) is True
+    with pytest.raises(CommandExitException):
+        handle.wait()
+    assert handle.pid not in [p.pid for p in sandbox.commands.list()]
+    assert sandbox.commands.kill(handle.pid) is False
+
+
+def test_connect_to_running_process(sandbox):
+    handle = sandbox.commands.run("sleep 1; echo later", background=True)
+    again = sandbox.commands.connect(handle.pid)
+    assert again.wait().stdout == "later\n"
+
+
+def test_stdin(sandbox):
+    handle = sandbox.commands.run("read line; echo got:$line", background=True, stdin=True)
+    sandbox.commands.send_stdin(handle.pid, "hello\n")
+    assert handle.wait().stdout == "got:hello\n"
+
+
+def test_command_that_never_ends_is_killed_at_its_timeout(sandbox):
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 1000", timeout=2)
+    assert time.monotonic() - started < 30
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(p.args[-1:] == ["sleep 1000"] for p in sandbox.commands.list()):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the timed-out command is still running")
+    assert sandbox.commands.run("echo still fine").stdout == "still fine\n"
+
+
+def test_sandbox_is_gvisor_with_its_own_hostname(sandbox):
+    # gVisor's kernel reports itself in dmesg; the sandbox never sees the host's kernel log.
+    assert "gVisor" in sandbox.commands.run("dmesg", user="root").stdout
+    assert sandbox.commands.run("hostname").stdout.strip() == sandbox.sandbox_id

@@ -1,0 +1,92 @@
+"""Files through the stock SDK: write, read, list, exists, rename, remove, make_dir, watch, and
+a 40 MiB round trip."""
+
+import hashlib
+import os
+import time
+
+import pytest
+from e2b import FileType, NotFoundException
+
+
+def test_write_read_list_exists(sandbox):
+    info = sandbox.files.write("notes/a.txt", "alpha")
+    assert info.path == "/home/user/notes/a.txt"
+    assert sandbox.files.read("notes/a.txt") == "alpha"
+    assert sandbox.files.read("/home/user/notes/a.txt", format="bytes") == b"alpha"
+    assert sandbox.files.exists("notes/a.txt")
+    assert not sandbox.files.exists("notes/nope.txt")
+    entries = sandbox.files.list("notes")
+    assert [(e.name, e.type) for e in entries] == [("a.txt", FileType.FILE)]
+    # Written files belong to the sandbox user, like the rest of their home.
+    assert sandbox.commands.run("stat -c %U notes/a.txt").stdout == "user\n"
+
+
+def test_make_dir_rename_remove(sandbox):
+    assert sandbox.files.make_dir("d1/d2") is True
+    assert sandbox.files.make_dir("d1/d2") is False
+    sandbox.files.write("d1/d2/f", "x")
+    moved = sandbox.files.rename("d1/d2/f", "d1/g")
+    assert moved.path == "/home/user/d1/g"
+    assert sandbox.files.read("d1/g") == "x"
+    sandbox.files.remove("d1")
+    assert not sandbox.files.exists("d1")
+
+
+def test_get_info(sandbox):
+    sandbox.files.write("info.txt", "12345")
+    info = sandbox.files.get_info("info.txt")
+    assert info.size == 5
+    assert info.type == FileType.FILE
+    assert info.permissions == "-rw-r--r--"
+    assert info.owner == "user"
+
+
+def test_missing_paths_are_not_found(sandbox):
+    with pytest.raises(NotFoundException):
+        sandbox.files.read("/nope/missing.txt")
+    with pytest.raises(NotFoundException):
+        sandbox.files.list("/nope")
+    with pytest.raises(NotFoundException):
+        sandbox.files.rename("/nope/a", "/tmp/b")
+    with pytest.raises(NotFoundException):
+        sandbox.files.get_info("/nope")
+
+
+def test_watch_dir(sandbox):
+    sandbox.files.make_dir("watched")
+    handle = sandbox.files.watch_dir("watched")
+    try:
+        sandbox.files.write("watched/new.txt", "hi")
+        deadline = time.monotonic() + 10
+        names = set()
+        while time.monotonic() < deadline and "new.txt" not in names:
+            names |= {e.name for e in handle.get_new_events()}
+            time.sleep(0.2)
+        assert "new.txt" in names
+    finally:
+        handle.stop()
+
+
+def test_40_mib_round_trip(sandbox):
+    payload = os.urandom(40 * 1024 * 1024)
+    sandbox.files.write("big.bin", payload)
+    digest = sandbox.commands.run("sha256sum big.bin").stdout.split()[0]
+    assert digest == hashlib.sha256(payload).hexdigest()
+    back = sandbox.files.read("big.bin", format="bytes")
+    assert len(back) == len(payload)
+    assert hashlib.sha256(back).hexdigest() == digest
+
+
+def test_two_sandboxes_cannot_see_each_others_files(sandbox_factory):
+    a = sandbox_factory()
+    b = sandbox_factory()
+    a.files.write("/tmp/secret.txt", "only a")
+    a.commands.run("echo mine > /home/user/mine.txt")
+    assert not b.files.exists("/tmp/secret.txt")
+    assert not b.files.exists("/home/user/mine.txt")
+    assert b.commands.run("ls /tmp /home/user").stdout.count("secret") == 0
+    # And neither reaches the other over the network.
+    b_ip = b.commands.run("hostname -I").stdout.split()[0]
+    r = a.commands.run(f"curl -s -m 3 http://{b_ip}:49983/health || echo unreachable")
+    assert "unreachable" in r.stdout

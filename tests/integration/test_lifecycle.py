@@ -1,0 +1,165 @@
+"""Lifecycle through the stock SDK and the raw API: list by metadata, kill, timeouts, bad input."""
+
+import time
+import uuid
+
+import pytest
+from e2b import (
+    AuthenticationException,
+    NotEnoughSpaceException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+)
+from e2b.exceptions import NotFoundException
+
+from conftest import API_KEY
+
+
+def listed_ids(metadata):
+    paginator = Sandbox.list(query=SandboxQuery(metadata=metadata))
+    ids = []
+    while True:
+        ids += [s.sandbox_id for s in paginator.next_items()]
+        if not paginator.has_next:
+            return ids
+
+
+def test_list_by_metadata(sandbox_factory):
+    tag = uuid.uuid4().hex
+    a = sandbox_factory(metadata={"suite": tag, "role": "a b/c"})
+    b = sandbox_factory(metadata={"suite": tag, "role": "other"})
+    assert sorted(listed_ids({"suite": tag})) == sorted([a.sandbox_id, b.sandbox_id])
+    assert listed_ids({"suite": tag, "role": "a b/c"}) == [a.sandbox_id]
+    assert listed_ids({"suite": "no-such-" + tag}) == []
+
+
+def test_list_paginates(server, sandbox_factory):
+    tag = uuid.uuid4().hex
+    made = {sandbox_factory(metadata={"page": tag}).sandbox_id for _ in range(3)}
+    paginator = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), limit=2)
+    first = paginator.next_items()
+    assert len(first) == 2 and paginator.has_next
+    rest = paginator.next_items()
+    assert {s.sandbox_id for s in first + rest} == made
+    assert not paginator.has_next
+
+
+def test_kill_then_everything_says_not_found(sandbox):
+    sandbox_id = sandbox.sandbox_id
+    assert sandbox.kill() is True
+    assert not sandbox.is_running()
+    assert Sandbox.kill(sandbox_id) is False
+    with pytest.raises(SandboxException) as exc:
+        sandbox.commands.run("echo hi")
+    assert "not found" in str(exc.value).lower() or "not running" in str(exc.value).lower()
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sandbox_id)
+
+
+def test_timeout_kills_the_sandbox(sandbox_factory):
+    sbx = sandbox_factory(timeout=3)
+    assert sbx.commands.run("echo alive").stdout == "alive\n"
+    deadline = time.monotonic() + 30
+    while sbx.is_running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not sbx.is_running()
+
+
+def test_set_timeout_extends_life(sandbox_factory):
+    sbx = sandbox_factory(timeout=3)
+    sbx.set_timeout(120)
+    time.sleep(5)
+    assert sbx.is_running()
+    end = sbx.get_info().end_at
+    assert end.timestamp() - time.time() > 60
+
+
+def test_killing_a_sandbox_mid_command_ends_the_stream(sandbox_factory):
+    sbx = sandbox_factory()
+    handle = sbx.commands.run("sleep 600", background=True)
+    Sandbox.kill(sbx.sandbox_id)
+    with pytest.raises(Exception) as exc:
+        handle.wait()
+    assert "killed" in str(exc.value).lower() or "not found" in str(exc.value).lower() or "not running" in str(exc.value).lower()
+
+
+def test_connect_returns_a_working_sandbox(sandbox):
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.commands.run("echo via connect").stdout == "via connect\n"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_unknown_template_is_a_clear_404(server):
+    status, body = server.api("POST", "/v2/sandboxes", {"templateID": "no-such-template"})
+    assert status == 404
+    assert body["code"] == 404 and "no-such-template" in body["message"]
+    with pytest.raises(SandboxException) as exc:
+        Sandbox.create("no-such-template")
+    assert "no-such-template" in str(exc.value)
+
+
+def test_unknown_sandbox(server):
+    status, body = server.api("GET", "/sandboxes/doesnotexist123")
+    assert (status, body["code"]) == (404, 404)
+    status, body = server.api("DELETE", "/sandboxes/doesnotexist123")
+    assert status == 404
+    status, body = server.api("POST", "/sandboxes/doesnotexist123/timeout", {"timeout": 10})
+    assert status == 404
+    # Sandbox traffic for an unknown id answers as E2B's proxy does.
+    status, body = server.api("GET", "/health", key=None, headers={"E2b-Sandbox-Id": "doesnotexist123"})
+    assert status == 502 and body["message"] == "The sandbox was not found"
+
+
+def test_missing_or_wrong_api_key_is_401(server):
+    for key in (None, "e2b_" + "0" * 40):
+        status, body = server.api("GET", "/v2/sandboxes", key=key)
+        assert status == 401
+        assert body["code"] == 401 and body["message"]
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key="e2b_" + "1" * 40)
+
+
+def test_malformed_body_is_400_and_the_server_carries_on(server, sandbox):
+    status, body = server.api("POST", "/v2/sandboxes", raw=b"{not json")
+    assert status == 400 and body["code"] == 400 and "JSON" in body["message"]
+    status, body = server.api("POST", "/v2/sandboxes", {"timeout": 5})
+    assert status == 400
+    status, body = server.api("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 10**9})
+    assert status == 400
+    status, body = server.api("POST", f"/sandboxes/{sandbox.sandbox_id}/timeout", raw=b"[]")
+    assert status == 400
+    assert sandbox.commands.run("echo fine").stdout == "fine\n"
+
+
+def test_sandbox_routes_need_the_access_token(server, sandbox):
+    status, body = server.api(
+        "POST", "/filesystem.Filesystem/Stat", {"path": "/"}, key=None,
+        headers={"E2b-Sandbox-Id": sandbox.sandbox_id},
+    )
+    assert status == 401
+    # The agent's internal routes are never reachable through the proxy.
+    status, body = server.api(
+        "POST", "/init", {"accessToken": "mine"}, key=None,
+        headers={"E2b-Sandbox-Id": sandbox.sandbox_id},
+    )
+    assert status == 404
+
+
+def test_upload_larger_than_free_space_is_507(sandbox):
+    free = int(sandbox.commands.run("df --output=avail -B1 /home/user | tail -1").stdout)
+    too_big = free + 64 * 1024 * 1024
+
+    def chunks():
+        block = b"\0" * (4 * 1024 * 1024)
+        sent = 0
+        while sent < too_big:
+            yield block
+            sent += len(block)
+
+    with pytest.raises(NotEnoughSpaceException):
+        sandbox.files.write("huge.bin", chunks())
+    assert not sandbox.files.exists("huge.bin")
+    assert sandbox.commands.run("echo still ok").stdout == "still ok\n"
