@@ -149,17 +149,24 @@ def test_sandbox_routes_need_the_access_token(server, sandbox):
 
 
 def test_upload_larger_than_free_space_is_507(sandbox):
-    free = int(sandbox.commands.run("df --output=avail -B1 /home/user | tail -1").stdout)
-    too_big = free + 64 * 1024 * 1024
+    # /dev/shm is a 64 MiB tmpfs inside every sandbox: a real filesystem with little free space.
+    free = int(sandbox.commands.run("df --output=avail -B1 /dev/shm | tail -1").stdout)
+    assert 0 < free <= 256 * 1024 * 1024
+    too_big = free + 16 * 1024 * 1024
 
+    # Known length (multipart): refused before anything is written.
+    with pytest.raises(NotEnoughSpaceException):
+        sandbox.files.write("/dev/shm/known.bin", b"\0" * too_big)
+
+    # Unknown length (a stream): the disk fills mid-write; the partial file is removed.
     def chunks():
         block = b"\0" * (4 * 1024 * 1024)
-        sent = 0
-        while sent < too_big:
+        for _ in range(too_big // len(block) + 1):
             yield block
-            sent += len(block)
 
     with pytest.raises(NotEnoughSpaceException):
-        sandbox.files.write("huge.bin", chunks())
-    assert not sandbox.files.exists("huge.bin")
+        sandbox.files.write("/dev/shm/streamed.bin", chunks())
+    assert not sandbox.files.exists("/dev/shm/known.bin")
+    assert not sandbox.files.exists("/dev/shm/streamed.bin")
+    assert int(sandbox.commands.run("df --output=avail -B1 /dev/shm | tail -1").stdout) == free
     assert sandbox.commands.run("echo still ok").stdout == "still ok\n"

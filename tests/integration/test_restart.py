@@ -25,7 +25,7 @@ def test_kill_9_then_restart_adopts_and_leaks_nothing(server):
     listed = {s.sandbox_id for s in Sandbox.list().next_items()}
     assert survivor.sandbox_id in listed
     assert doomed.sandbox_id not in listed
-    left = host_leftovers()
+    left = host_leftovers(server.data_dir)
     assert not any(doomed.sandbox_id in n for n in left["netns"])
     survivor.kill()
 
@@ -35,6 +35,6 @@ def test_clean_shutdown_leaves_nothing(server):
         Sandbox.create("base", metadata={"shutdown": "yes"})
     server.stop(sig=signal.SIGTERM)
     try:
-        assert host_leftovers() == {"netns": [], "links": [], "runsc": [], "mounts": []}
+        assert host_leftovers(server.data_dir) == {"netns": [], "links": [], "runsc": [], "mounts": []}
     finally:
         server.start()

@@ -46,7 +46,9 @@ async fn stat(
 ) -> RpcResult<EntryResponse> {
     let req: StatRequest = rpc::parse_unary(&body)?;
     let path = agent.rpc_user(&headers)?.resolve(&req.path)?;
-    let entry = blocking(move || entry_info(&path).map_err(|e| io_error(&e, &path))).await?;
+    let entry =
+        blocking(move || entry_info(&path, &IdNames::load()).map_err(|e| io_error(&e, &path)))
+            .await?;
     Ok(Json(EntryResponse { entry }))
 }
 
@@ -76,7 +78,7 @@ async fn make_dir(
             Err(e) => return Err(io_error(&e, &path)),
         }
         ensure_dirs(&path, user.uid, user.gid).map_err(|e| io_error(&e, &path))?;
-        entry_info(&path).map_err(|e| io_error(&e, &path))
+        entry_info(&path, &IdNames::load()).map_err(|e| io_error(&e, &path))
     })
     .await?;
     Ok(Json(EntryResponse { entry }))
@@ -98,7 +100,7 @@ async fn move_entry(
             ensure_dirs(parent, user.uid, user.gid).map_err(|e| io_error(&e, parent))?;
         }
         fs::rename(&source, &destination).map_err(|e| io_error(&e, &source))?;
-        entry_info(&destination).map_err(|e| io_error(&e, &destination))
+        entry_info(&destination, &IdNames::load()).map_err(|e| io_error(&e, &destination))
     })
     .await?;
     Ok(Json(EntryResponse { entry }))
@@ -179,9 +181,9 @@ fn io_error(err: &io::Error, path: &Path) -> RpcError {
 }
 
 /// Describes `path` itself (symlinks are not followed), as Stat reports it.
-pub(crate) fn entry_info(path: &Path) -> io::Result<EntryInfo> {
+pub(crate) fn entry_info(path: &Path, names: &IdNames) -> io::Result<EntryInfo> {
     let md = fs::symlink_metadata(path)?;
-    Ok(build_entry(path, &md, &IdNames::load()))
+    Ok(build_entry(path, &md, names))
 }
 
 /// Creates `dir` and any missing parents (mode 0755), each new one owned by `uid:gid`.
@@ -294,8 +296,11 @@ fn build_entry(path: &Path, md: &Metadata, names: &IdNames) -> EntryInfo {
         permissions: go_mode_string(md.mode()),
         owner: names.user(md.uid()),
         group: names.group(md.gid()),
-        modified_time: DateTime::from_timestamp(md.mtime(), md.mtime_nsec().try_into().unwrap_or(0))
-            .map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        modified_time: DateTime::from_timestamp(
+            md.mtime(),
+            md.mtime_nsec().try_into().unwrap_or(0),
+        )
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
         symlink_target,
     }
 }
@@ -316,12 +321,20 @@ pub(crate) fn go_mode_string(st_mode: u32) -> String {
         (kind == libc::S_IFCHR, 'c'),
         (st_mode & libc::S_ISVTX != 0, 't'),
     ];
-    let mut out: String = letters.iter().filter(|(set, _)| *set).map(|(_, c)| *c).collect();
+    let mut out: String = letters
+        .iter()
+        .filter(|(set, _)| *set)
+        .map(|(_, c)| *c)
+        .collect();
     if out.is_empty() {
         out.push('-');
     }
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
-        out.push(if st_mode & (1 << (8 - i)) != 0 { c } else { '-' });
+        out.push(if st_mode & (1 << (8 - i)) != 0 {
+            c
+        } else {
+            '-'
+        });
     }
     out
 }
@@ -343,11 +356,17 @@ impl IdNames {
 
     /// The user's name, or the number as text when it has none (as envd does).
     fn user(&self, uid: u32) -> String {
-        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+        self.users
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
     }
 
     fn group(&self, gid: u32) -> String {
-        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+        self.groups
+            .get(&gid)
+            .cloned()
+            .unwrap_or_else(|| gid.to_string())
     }
 }
 
@@ -381,13 +400,22 @@ mod tests {
         assert_eq!(go_mode_string(libc::S_IFREG | 0o644), "-rw-r--r--");
         assert_eq!(go_mode_string(libc::S_IFDIR | 0o755), "drwxr-xr-x");
         assert_eq!(go_mode_string(libc::S_IFLNK | 0o777), "Lrwxrwxrwx");
-        assert_eq!(go_mode_string(libc::S_IFDIR | libc::S_ISVTX | 0o777), "dtrwxrwxrwx");
+        assert_eq!(
+            go_mode_string(libc::S_IFDIR | libc::S_ISVTX | 0o777),
+            "dtrwxrwxrwx"
+        );
         assert_eq!(go_mode_string(libc::S_IFCHR | 0o666), "Dcrw-rw-rw-");
         assert_eq!(go_mode_string(libc::S_IFBLK | 0o660), "Drw-rw----");
         assert_eq!(go_mode_string(libc::S_IFIFO | 0o600), "prw-------");
         assert_eq!(go_mode_string(libc::S_IFSOCK | 0o755), "Srwxr-xr-x");
-        assert_eq!(go_mode_string(libc::S_IFREG | libc::S_ISUID | 0o755), "urwxr-xr-x");
-        assert_eq!(go_mode_string(libc::S_IFREG | libc::S_ISGID | 0o755), "grwxr-xr-x");
+        assert_eq!(
+            go_mode_string(libc::S_IFREG | libc::S_ISUID | 0o755),
+            "urwxr-xr-x"
+        );
+        assert_eq!(
+            go_mode_string(libc::S_IFREG | libc::S_ISGID | 0o755),
+            "grwxr-xr-x"
+        );
         assert_eq!(go_mode_string(libc::S_IFREG), "----------");
     }
 
@@ -438,7 +466,10 @@ mod tests {
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["entry"]["type"], "FILE_TYPE_DIRECTORY");
         let (status, body) = call("MakeDir", json!({"path": format!("{base}/d/sub")})).await;
-        assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("already_exists")));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::CONFLICT, Some("already_exists"))
+        );
 
         fs::write(tmp.path().join("d/b.txt"), b"hello").unwrap();
         std::os::unix::fs::symlink("b.txt", tmp.path().join("d/link")).unwrap();
@@ -457,18 +488,38 @@ mod tests {
         let (_, body) = call("Stat", json!({"path": format!("{base}/d/link")})).await;
         assert_eq!(body["entry"]["type"], "FILE_TYPE_SYMLINK");
         assert_eq!(body["entry"]["permissions"], "Lrwxrwxrwx");
-        assert_eq!(body["entry"]["symlinkTarget"], format!("{}/d/b.txt", fs::canonicalize(&base).unwrap().display()));
+        assert_eq!(
+            body["entry"]["symlinkTarget"],
+            format!("{}/d/b.txt", fs::canonicalize(&base).unwrap().display())
+        );
 
         let (status, body) = call("Stat", json!({"path": format!("{base}/nope")})).await;
-        assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found"))
+        );
 
         let names = |body: &Value| -> Vec<String> {
-            body["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap().trim_start_matches(&base).to_owned()).collect()
+            body["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    e["path"]
+                        .as_str()
+                        .unwrap()
+                        .trim_start_matches(&base)
+                        .to_owned()
+                })
+                .collect()
         };
         let (_, body) = call("ListDir", json!({"path": format!("{base}/d")})).await;
         assert_eq!(names(&body), ["/d/b.txt", "/d/link", "/d/sub"]);
         let (_, body) = call("ListDir", json!({"path": format!("{base}/d"), "depth": 5})).await;
-        assert_eq!(names(&body), ["/d/b.txt", "/d/link", "/d/sub", "/d/sub/deep.txt"]);
+        assert_eq!(
+            names(&body),
+            ["/d/b.txt", "/d/link", "/d/sub", "/d/sub/deep.txt"]
+        );
         let (status, _) = call("ListDir", json!({"path": format!("{base}/d/b.txt")})).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         let (status, _) = call("ListDir", json!({"path": format!("{base}/missing")})).await;
@@ -477,7 +528,11 @@ mod tests {
         let (status, body) = call("Move", json!({"source": format!("{base}/d/b.txt"), "destination": format!("{base}/e/f/c.txt")})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["entry"]["path"], format!("{base}/e/f/c.txt"));
-        let (status, _) = call("Move", json!({"source": format!("{base}/d/b.txt"), "destination": format!("{base}/x")})).await;
+        let (status, _) = call(
+            "Move",
+            json!({"source": format!("{base}/d/b.txt"), "destination": format!("{base}/x")}),
+        )
+        .await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert!(!tmp.path().join("x").exists());
 

@@ -158,8 +158,12 @@ impl ProcessTable {
                 .cloned(),
         };
         found.ok_or_else(|| match selector {
-            ProcessSelector::Pid(pid) => RpcError::not_found(format!("process with pid {pid} not found")),
-            ProcessSelector::Tag(tag) => RpcError::not_found(format!("process with tag {tag} not found")),
+            ProcessSelector::Pid(pid) => {
+                RpcError::not_found(format!("process with pid {pid} not found"))
+            }
+            ProcessSelector::Tag(tag) => {
+                RpcError::not_found(format!("process with tag {tag} not found"))
+            }
         })
     }
 
@@ -247,7 +251,9 @@ fn spawn(
                     .map(Stdio::from)
                     .map_err(|e| RpcError::internal(format!("duplicating terminal: {e}")))
             };
-            cmd.stdin(stdio(slave)?).stdout(stdio(slave)?).stderr(stdio(slave)?);
+            cmd.stdin(stdio(slave)?)
+                .stdout(stdio(slave)?)
+                .stderr(stdio(slave)?);
             let master_fd = master.as_raw_fd();
             // SAFETY: between fork and exec we only make async-signal-safe syscalls (setsid,
             // ioctl, close) on descriptors that stay valid in the child.
@@ -286,12 +292,20 @@ fn spawn(
             // `_slave` drops here: the parent must not hold the terminal open, or reads of the
             // master never see the end.
             let reader = tokio::fs::File::from_std(std::fs::File::from(
-                master.try_clone().map_err(|e| RpcError::internal(e.to_string()))?,
+                master
+                    .try_clone()
+                    .map_err(|e| RpcError::internal(e.to_string()))?,
             ));
             let writer = tokio::fs::File::from_std(std::fs::File::from(
-                master.try_clone().map_err(|e| RpcError::internal(e.to_string()))?,
+                master
+                    .try_clone()
+                    .map_err(|e| RpcError::internal(e.to_string()))?,
             ));
-            (Some(Input::Pty(writer)), Some(master), vec![(Box::new(reader) as BoxedReader, OutputKind::Pty)])
+            (
+                Some(Input::Pty(writer)),
+                Some(master),
+                vec![(Box::new(reader) as BoxedReader, OutputKind::Pty)],
+            )
         }
         None => {
             let mut pumps: Vec<(BoxedReader, OutputKind)> = Vec::new();
@@ -375,9 +389,10 @@ async fn pump(handle: Arc<ProcessHandle>, mut reader: BoxedReader, kind: OutputK
 fn spawn_error(cmd: &str, err: &std::io::Error) -> RpcError {
     match err.kind() {
         std::io::ErrorKind::NotFound => RpcError::invalid(format!("command '{cmd}' not found")),
-        std::io::ErrorKind::PermissionDenied => {
-            RpcError::new(Code::PermissionDenied, format!("cannot execute '{cmd}': {err}"))
-        }
+        std::io::ErrorKind::PermissionDenied => RpcError::new(
+            Code::PermissionDenied,
+            format!("cannot execute '{cmd}': {err}"),
+        ),
         _ => RpcError::internal(format!("starting '{cmd}': {err}")),
     }
 }
@@ -467,7 +482,11 @@ async fn forward_events(
 ) {
     let started = tokio::time::Instant::now();
     let msg = |event| ProcessEventMessage { event };
-    if tx.send(&msg(ProcessEvent::Start(StartEvent { pid }))).await.is_err() {
+    if tx
+        .send(&msg(ProcessEvent::Start(StartEvent { pid })))
+        .await
+        .is_err()
+    {
         return;
     }
     loop {
@@ -487,7 +506,11 @@ async fn forward_events(
             }
             Ok(None) => break,
             Err(_idle) => {
-                if tx.send(&msg(ProcessEvent::Keepalive(Empty {}))).await.is_err() {
+                if tx
+                    .send(&msg(ProcessEvent::Keepalive(Empty {})))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -607,7 +630,9 @@ async fn close_stdin(State(agent): State<AgentState>, body: Bytes) -> RpcResult<
     let handle = agent.processes.find(&req.process)?;
     let mut input = handle.input.lock().await;
     if matches!(*input, Some(Input::Pty(_))) {
-        return Err(RpcError::invalid("cannot close the stdin of a terminal process"));
+        return Err(RpcError::invalid(
+            "cannot close the stdin of a terminal process",
+        ));
     }
     // Dropping the pipe's write end is what delivers EOF.
     *input = None;
@@ -634,7 +659,10 @@ mod tests {
     #[test]
     fn end_events_use_go_wording() {
         let ok = end_event(ExitStatus::from_raw(0));
-        assert_eq!((ok.exit_code, ok.exited, ok.status.as_str()), (0, true, "exit status 0"));
+        assert_eq!(
+            (ok.exit_code, ok.exited, ok.status.as_str()),
+            (0, true, "exit status 0")
+        );
         assert_eq!(ok.error, None);
         let failed = end_event(ExitStatus::from_raw(3 << 8));
         assert_eq!(failed.exit_code, 3);

@@ -75,20 +75,21 @@ pub fn parse_unary<T: DeserializeOwned>(body: &[u8]) -> Result<T, RpcError> {
 }
 
 /// Reads the single message of a server-streaming request (Start, Connect, WatchDir).
+///
+/// The body is read to its end, not just to the first envelope: a connection closed with unread
+/// request bytes is reset by the kernel, and the reset destroys the response still in flight.
 pub async fn read_stream_request<T: DeserializeOwned>(body: Body) -> Result<T, RpcError> {
-    let mut decoder = Decoder::default();
-    let mut data = body.into_data_stream();
-    while let Some(chunk) = data.next().await {
-        let chunk = chunk.map_err(|e| RpcError::invalid(format!("reading request: {e}")))?;
-        decoder.push(&chunk);
-        if let Some(env) = decoder
-            .next_envelope()
-            .map_err(|e| RpcError::invalid(e.to_string()))?
-        {
-            return parse_unary(&env.payload);
-        }
+    let mut messages = MessageReader::new(body);
+    let first = messages
+        .next()
+        .await?
+        .ok_or_else(|| RpcError::invalid("request stream carried no message"))?;
+    if messages.next::<serde::de::IgnoredAny>().await?.is_some() {
+        return Err(RpcError::invalid(
+            "server-streaming request carried more than one message",
+        ));
     }
-    Err(RpcError::invalid("request stream carried no message"))
+    Ok(first)
 }
 
 /// Reads the messages of a client-streaming request (StreamInput) one by one, as they arrive.
@@ -200,13 +201,16 @@ mod tests {
 
     #[test]
     fn unary_accepts_empty_and_pretty_bodies() {
-        #[derive(serde::Deserialize)]
+        #[derive(Debug, serde::Deserialize)]
         struct M {
             #[serde(default)]
             path: String,
         }
         assert_eq!(parse_unary::<M>(b"").unwrap().path, "");
-        assert_eq!(parse_unary::<M>(b"{\n  \"path\": \"/a\"\n}").unwrap().path, "/a");
+        assert_eq!(
+            parse_unary::<M>(b"{\n  \"path\": \"/a\"\n}").unwrap().path,
+            "/a"
+        );
         let err = parse_unary::<M>(b"{nope").unwrap_err();
         assert_eq!(err.0.code, Code::InvalidArgument);
     }

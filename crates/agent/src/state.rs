@@ -47,7 +47,10 @@ impl Agent {
     }
 
     pub fn config(&self) -> SandboxConfig {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn apply_init(&self, init: InitRequest) {

@@ -21,8 +21,9 @@ impl User {
     pub fn lookup(name: &str) -> Result<User, RpcError> {
         let passwd = std::fs::read_to_string("/etc/passwd")
             .map_err(|e| RpcError::internal(format!("reading /etc/passwd: {e}")))?;
-        find_in_passwd(&passwd, name)
-            .ok_or_else(|| RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'")))
+        find_in_passwd(&passwd, name).ok_or_else(|| {
+            RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'"))
+        })
     }
 
     /// Resolves a request path for this user: `~` and relative paths are taken from the home
@@ -97,7 +98,8 @@ pub fn from_basic_auth(headers: &HeaderMap) -> Result<Option<String>, RpcError> 
 mod tests {
     use super::*;
 
-    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n";
+    const PASSWD: &str =
+        "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n";
 
     #[test]
     fn finds_users() {
@@ -111,8 +113,14 @@ mod tests {
     #[test]
     fn resolves_paths_against_home() {
         let u = find_in_passwd(PASSWD, "user").unwrap();
-        assert_eq!(u.resolve("a.txt").unwrap(), PathBuf::from("/home/user/a.txt"));
-        assert_eq!(u.resolve("~/x/../y").unwrap(), PathBuf::from("/home/user/y"));
+        assert_eq!(
+            u.resolve("a.txt").unwrap(),
+            PathBuf::from("/home/user/a.txt")
+        );
+        assert_eq!(
+            u.resolve("~/x/../y").unwrap(),
+            PathBuf::from("/home/user/y")
+        );
         assert_eq!(u.resolve("/../../etc").unwrap(), PathBuf::from("/etc"));
         assert_eq!(u.resolve("~").unwrap(), PathBuf::from("/home/user"));
         assert!(u.resolve("").is_err());

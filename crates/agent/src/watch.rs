@@ -10,7 +10,7 @@
 //! events, so one upload reads as CREATE, CHMOD, WRITE however many chunks it was written in.
 //! A polling watcher buffers at most [`MAX_PENDING_EVENTS`]; past that the oldest are dropped.
 
-use crate::fs::entry_info;
+use crate::fs::{entry_info, IdNames};
 use crate::rpc::{self, RpcError, RpcResult, StreamSender};
 use crate::state::AgentState;
 use airlock_wire::connect::{Code, ConnectError};
@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio_util::task::AbortOnDropHandle;
 
 /// Events a polling watcher keeps between polls; beyond this the oldest are dropped.
@@ -58,7 +59,10 @@ pub fn routes() -> Router<AgentState> {
     Router::new()
         .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
         .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
-        .route("/filesystem.Filesystem/GetWatcherEvents", post(get_watcher_events))
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            post(get_watcher_events),
+        )
         .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
 }
 
@@ -91,7 +95,12 @@ async fn watch_dir(State(agent): State<AgentState>, headers: HeaderMap, body: Bo
         let req: WatchRequest = rpc::read_stream_request(body).await?;
         let (fd, tree) = open_watch(&agent, &headers, &req).await?;
         let (tx, response) = rpc::stream_response();
-        tokio::spawn(stream_events(fd, tree, tx, rpc::keepalive_interval(&headers)));
+        tokio::spawn(stream_events(
+            fd,
+            tree,
+            tx,
+            rpc::keepalive_interval(&headers),
+        ));
         Ok::<_, RpcError>(response)
     };
     start.await.unwrap_or_else(IntoResponse::into_response)
@@ -180,7 +189,10 @@ async fn open_watch(
     .await
     .map_err(|e| RpcError::internal(format!("watch setup failed: {e}")))?
     .map_err(|e| watch_error(&e, &shown))?;
-    let fd = AsyncFd::new(InotifyFd(inotify)).map_err(|e| watch_error(&e, &shown))?;
+    // SAFETY: `InotifyFd` owns the descriptor, keeps it open for as long as the `AsyncFd`
+    // holds it, and always reports that same descriptor.
+    let fd = unsafe { AsyncFd::register_with_interest(InotifyFd(inotify), Interest::READABLE) }
+        .map_err(|e| watch_error(&e.into(), &shown))?;
     Ok((fd, tree))
 }
 
@@ -236,7 +248,11 @@ async fn stream_events(
             }
         };
         for event in batch {
-            if tx.send(&WatchDirResponse::Filesystem(event)).await.is_err() {
+            if tx
+                .send(&WatchDirResponse::Filesystem(Box::new(event)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -282,7 +298,9 @@ impl Shared {
         let drained = self.drain();
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = drained {
-            state.error.get_or_insert_with(|| format!("watcher failed: {e}"));
+            state
+                .error
+                .get_or_insert_with(|| format!("watcher failed: {e}"));
         }
         if let Some(error) = &state.error {
             return Err(RpcError::internal(error.clone()));
@@ -292,7 +310,9 @@ impl Shared {
 
     fn fail(&self, err: io::Error) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.error.get_or_insert_with(|| format!("watcher failed: {err}"));
+        state
+            .error
+            .get_or_insert_with(|| format!("watcher failed: {err}"));
     }
 }
 
@@ -362,7 +382,12 @@ struct Tree {
 }
 
 impl Tree {
-    fn new(inotify: &Inotify, root: PathBuf, recursive: bool, include_entry: bool) -> io::Result<Tree> {
+    fn new(
+        inotify: &Inotify,
+        root: PathBuf,
+        recursive: bool,
+        include_entry: bool,
+    ) -> io::Result<Tree> {
         // The root may be a symlink to a directory (like envd, which stats through it).
         let root_wd = inotify.add_watch(&root, WATCH_MASK)?;
         let mut tree = Tree {
@@ -443,6 +468,8 @@ impl Tree {
             emptied: false,
             root_gone: false,
         };
+        // Owner names for `include_entry`, read at most once per drain.
+        let mut names = None;
         for _ in 0..MAX_READS_PER_DRAIN {
             let raw = match inotify.0.read_events() {
                 Ok(raw) => raw,
@@ -462,7 +489,8 @@ impl Tree {
                 }
                 for (rel, event_type) in self.translate(&inotify.0, event) {
                     let entry = if self.include_entry && event_type != EventType::Remove {
-                        entry_info(&self.root.join(&rel)).ok()
+                        let names = names.get_or_insert_with(IdNames::load);
+                        entry_info(&self.root.join(&rel), names).ok()
                     } else {
                         None
                     };
@@ -535,11 +563,20 @@ fn is_vanished(err: &io::Error) -> bool {
 fn event_types(mask: AddWatchFlags) -> Vec<EventType> {
     let has = |flags: AddWatchFlags| mask.intersects(flags);
     [
-        (has(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO), EventType::Create),
-        (has(AddWatchFlags::IN_MOVED_FROM | AddWatchFlags::IN_MOVE_SELF), EventType::Rename),
+        (
+            has(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO),
+            EventType::Create,
+        ),
+        (
+            has(AddWatchFlags::IN_MOVED_FROM | AddWatchFlags::IN_MOVE_SELF),
+            EventType::Rename,
+        ),
         (has(AddWatchFlags::IN_ATTRIB), EventType::Chmod),
         (has(AddWatchFlags::IN_MODIFY), EventType::Write),
-        (has(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_DELETE_SELF), EventType::Remove),
+        (
+            has(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_DELETE_SELF),
+            EventType::Remove,
+        ),
     ]
     .into_iter()
     .filter_map(|(set, event_type)| set.then_some(event_type))
@@ -590,7 +627,10 @@ mod tests {
     #[test]
     fn names_are_relative() {
         assert_eq!(event_name(Path::new("")), ".");
-        assert_eq!(event_name(&Path::new("sub").join("file.txt")), "sub/file.txt");
+        assert_eq!(
+            event_name(&Path::new("sub").join("file.txt")),
+            "sub/file.txt"
+        );
     }
 
     #[test]
@@ -636,7 +676,9 @@ mod tests {
     }
 
     fn has(events: &[Value], name: &str, kind: &str) -> bool {
-        events.iter().any(|e| e["name"] == name && e["type"] == kind)
+        events
+            .iter()
+            .any(|e| e["name"] == name && e["type"] == kind)
     }
 
     #[tokio::test]
@@ -645,13 +687,28 @@ mod tests {
         let app = routes().with_state(Agent::new());
         let path = tmp.path().to_string_lossy();
 
-        let (status, _) = unary(&app, "CreateWatcher", json!({"path": format!("{path}/nope")})).await;
+        let (status, _) = unary(
+            &app,
+            "CreateWatcher",
+            json!({"path": format!("{path}/nope")}),
+        )
+        .await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         std::fs::write(tmp.path().join("file"), b"").unwrap();
-        let (status, _) = unary(&app, "CreateWatcher", json!({"path": format!("{path}/file")})).await;
+        let (status, _) = unary(
+            &app,
+            "CreateWatcher",
+            json!({"path": format!("{path}/file")}),
+        )
+        .await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
 
-        let (status, body) = unary(&app, "CreateWatcher", json!({"path": path, "recursive": true, "includeEntry": true})).await;
+        let (status, body) = unary(
+            &app,
+            "CreateWatcher",
+            json!({"path": path, "recursive": true, "includeEntry": true}),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let id = body["watcherId"].as_str().unwrap().to_owned();
 
@@ -707,6 +764,9 @@ mod tests {
             }
         }
         assert_eq!(messages[0], json!({"start": {}}));
-        assert_eq!(messages[1], json!({"filesystem": {"name": "new.txt", "type": "EVENT_TYPE_CREATE"}}));
+        assert_eq!(
+            messages[1],
+            json!({"filesystem": {"name": "new.txt", "type": "EVENT_TYPE_CREATE"}})
+        );
     }
 }

@@ -8,7 +8,9 @@ use std::fmt;
 pub enum IdError {
     #[error("sandbox id must be 1-64 characters of [a-z0-9]")]
     SandboxId,
-    #[error("template name must be 1-64 characters of [a-z0-9._-], starting with a letter or digit")]
+    #[error(
+        "template name must be 1-64 characters of [a-z0-9._-], starting with a letter or digit"
+    )]
     TemplateName,
 }
 
@@ -33,7 +35,8 @@ impl SandboxId {
     pub fn parse(s: &str) -> Result<Self, IdError> {
         let ok = !s.is_empty()
             && s.len() <= 64
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
         if ok {
             Ok(SandboxId(s.to_owned()))
         } else {

@@ -12,6 +12,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How the lifecycle reaches a sandbox's agent. The server implements it over HTTP; keeping it a
 /// trait keeps HTTP out of the core.
@@ -89,7 +90,10 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn record(&self) -> SandboxRecord {
-        self.record.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn id(&self) -> SandboxId {
@@ -112,8 +116,10 @@ pub struct Lifecycle {
     agent: Arc<dyn AgentClient>,
     limits: Limits,
     live: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
-    /// Slots handed out, including those of sandboxes still starting.
-    slots: Mutex<Vec<bool>>,
+    /// Slots handed out, including those of sandboxes still starting or being destroyed.
+    slots: Arc<Mutex<Vec<bool>>>,
+    /// Destroys running in the background (a kill answers before the host cleanup is done).
+    destroying: TaskTracker,
 }
 
 pub fn now_unix() -> i64 {
@@ -133,7 +139,8 @@ impl Lifecycle {
             agent,
             limits,
             live: Mutex::new(HashMap::new()),
-            slots: Mutex::new(Vec::new()),
+            slots: Arc::new(Mutex::new(Vec::new())),
+            destroying: TaskTracker::new(),
         })
     }
 
@@ -163,12 +170,7 @@ impl Lifecycle {
     }
 
     fn mark_slot(&self, slot: u32, used: bool) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let i = slot as usize;
-        if slots.len() <= i {
-            slots.resize(i + 1, false);
-        }
-        slots[i] = used;
+        mark_slot(&self.slots, slot, used);
     }
 
     fn clamp_timeout(&self, timeout: Option<Duration>) -> Result<Duration, LifecycleError> {
@@ -255,16 +257,28 @@ impl Lifecycle {
             .map_err(LifecycleError::Agent)
     }
 
-    /// Destroys whatever a sandbox holds and forgets it. Failures are logged: the orphan sweep at
-    /// the next start catches anything left.
-    async fn discard(&self, id: &SandboxId, slot: u32) {
-        if let Err(e) = self.driver.destroy(id, slot).await {
-            tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
+    /// Destroys whatever a sandbox holds and forgets it; the slot is free again only after that.
+    /// Failures are logged: the orphan sweep at the next start catches anything left.
+    fn discard(
+        &self,
+        id: &SandboxId,
+        slot: u32,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (driver, store, slots, id) = (
+            self.driver.clone(),
+            self.store.clone(),
+            self.slots.clone(),
+            id.clone(),
+        );
+        async move {
+            if let Err(e) = driver.destroy(&id, slot).await {
+                tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
+            }
+            if let Err(e) = store.delete_sandbox(&id) {
+                tracing::error!(sandbox = %id, error = %e, "forgetting sandbox failed");
+            }
+            mark_slot(&slots, slot, false);
         }
-        if let Err(e) = self.store.delete_sandbox(id) {
-            tracing::error!(sandbox = %id, error = %e, "forgetting sandbox failed");
-        }
-        self.mark_slot(slot, false);
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, LifecycleError> {
@@ -284,14 +298,16 @@ impl Lifecycle {
         all
     }
 
-    pub async fn kill(&self, id: &str) -> Result<(), LifecycleError> {
+    /// Kills a sandbox: it is gone for every caller at once, and its open streams are cut. The
+    /// host cleanup finishes in the background (`shutdown` waits for it).
+    pub fn kill(&self, id: &str) -> Result<(), LifecycleError> {
         let sandbox = SandboxId::parse(id)
             .ok()
             .and_then(|id| self.live().remove(&id))
             .ok_or_else(|| LifecycleError::SandboxNotFound(id.to_owned()))?;
         sandbox.killed.cancel();
         let record = sandbox.record();
-        self.discard(&record.id, record.slot).await;
+        self.destroying.spawn(self.discard(&record.id, record.slot));
         Ok(())
     }
 
@@ -307,7 +323,7 @@ impl Lifecycle {
     }
 
     /// Kills every sandbox whose deadline has passed. Returns how many.
-    pub async fn reap_expired(&self) -> usize {
+    pub fn reap_expired(&self) -> usize {
         let now = now_unix();
         let expired: Vec<SandboxId> = self
             .live()
@@ -318,7 +334,7 @@ impl Lifecycle {
             .collect();
         for id in &expired {
             tracing::info!(sandbox = %id, "timeout reached; killing");
-            let _ = self.kill(id.as_str()).await;
+            let _ = self.kill(id.as_str());
         }
         expired.len()
     }
@@ -328,7 +344,7 @@ impl Lifecycle {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tokio::select! {
-                _ = tick.tick() => { self.reap_expired().await; }
+                _ = tick.tick() => { self.reap_expired(); }
                 _ = stop.cancelled() => return,
             }
         }
@@ -375,17 +391,224 @@ impl Lifecycle {
         Ok(report)
     }
 
-    /// Kills every sandbox (clean shutdown leaves nothing behind on the host).
+    /// Kills every sandbox and waits until the host holds nothing of them.
     pub async fn shutdown(&self) {
         let ids: Vec<SandboxId> = self.live().keys().cloned().collect();
         for id in ids {
-            let _ = self.kill(id.as_str()).await;
+            let _ = self.kill(id.as_str());
         }
+        self.destroying.close();
+        self.destroying.wait().await;
     }
+
+    /// Waits for the background destroys started so far (tests and shutdown).
+    pub async fn settle(&self) {
+        self.destroying.close();
+        self.destroying.wait().await;
+        self.destroying.reopen();
+    }
+}
+
+fn mark_slot(slots: &Mutex<Vec<bool>>, slot: u32, used: bool) {
+    let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+    let i = slot as usize;
+    if slots.len() <= i {
+        slots.resize(i + 1, false);
+    }
+    slots[i] = used;
 }
 
 #[derive(Debug, Default)]
 pub struct RecoveryReport {
     pub adopted: Vec<SandboxId>,
     pub removed: Vec<SandboxId>,
+}
+
+#[cfg(test)]
+mod tests {
+    //! Lifecycle logic against a recording driver; real runsc is covered by the integration suite.
+
+    use super::*;
+    use crate::store::TemplateRecord;
+
+    #[derive(Default)]
+    struct RecordingDriver {
+        running: Mutex<Vec<SandboxId>>,
+        destroyed: Mutex<Vec<SandboxId>>,
+        swept_keep: Mutex<Vec<SandboxId>>,
+        fail_launch: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Driver for RecordingDriver {
+        async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError> {
+            if self.fail_launch {
+                return Err(DriverError::Command {
+                    what: "runsc".into(),
+                    detail: "boom".into(),
+                });
+            }
+            self.running.lock().unwrap().push(spec.id.clone());
+            Ok(())
+        }
+        async fn destroy(&self, id: &SandboxId, _slot: u32) -> Result<(), DriverError> {
+            self.running.lock().unwrap().retain(|r| r != id);
+            self.destroyed.lock().unwrap().push(id.clone());
+            Ok(())
+        }
+        async fn is_running(&self, id: &SandboxId) -> bool {
+            self.running.lock().unwrap().contains(id)
+        }
+        async fn sweep_orphans(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError> {
+            *self.swept_keep.lock().unwrap() = keep.iter().map(|(id, _)| id.clone()).collect();
+            Ok(())
+        }
+    }
+
+    struct ReadyAgent;
+
+    #[async_trait::async_trait]
+    impl AgentClient for ReadyAgent {
+        async fn wait_ready(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+            Ok(())
+        }
+        async fn init(&self, _: Ipv4Addr, _: &InitRequest) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    fn setup(
+        driver: Arc<RecordingDriver>,
+        limits: Limits,
+    ) -> (tempfile::TempDir, Arc<Store>, Arc<Lifecycle>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
+        store
+            .put_template(&TemplateRecord {
+                name: TemplateName::parse("base").unwrap(),
+                content_hash: "h".into(),
+                rootfs: dir.path().join("rootfs"),
+                built_at: 0,
+                size_bytes: 0,
+            })
+            .unwrap();
+        let lc = Lifecycle::new(store.clone(), driver, Arc::new(ReadyAgent), limits);
+        (dir, store, lc)
+    }
+
+    fn params() -> CreateParams {
+        CreateParams {
+            template: "base".into(),
+            secure: true,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn create_kill_and_slot_reuse() {
+        let driver = Arc::new(RecordingDriver::default());
+        let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+        let a = lc.create(params()).await.unwrap();
+        let b = lc.create(params()).await.unwrap();
+        assert_eq!((a.record().slot, b.record().slot), (0, 1));
+        assert!(a.access_token().is_some());
+        assert_eq!(store.sandboxes().unwrap().len(), 2);
+
+        lc.kill(a.id().as_str()).unwrap();
+        assert!(matches!(
+            lc.kill(a.id().as_str()),
+            Err(LifecycleError::SandboxNotFound(_))
+        ));
+        lc.settle().await;
+        assert_eq!(store.sandboxes().unwrap().len(), 1);
+        let c = lc.create(params()).await.unwrap();
+        assert_eq!(c.record().slot, 0, "a freed slot is reused");
+    }
+
+    #[tokio::test]
+    async fn unknown_template_capacity_and_failed_launch() {
+        let driver = Arc::new(RecordingDriver::default());
+        let limits = Limits {
+            max_sandboxes: 1,
+            ..Limits::default()
+        };
+        let (_dir, _store, lc) = setup(driver, limits);
+        let bad = CreateParams {
+            template: "nope".into(),
+            ..params()
+        };
+        assert!(matches!(
+            lc.create(bad).await,
+            Err(LifecycleError::TemplateNotFound(_))
+        ));
+        lc.create(params()).await.unwrap();
+        assert!(matches!(
+            lc.create(params()).await,
+            Err(LifecycleError::Capacity(1))
+        ));
+
+        let failing = Arc::new(RecordingDriver {
+            fail_launch: true,
+            ..Default::default()
+        });
+        let (_dir2, store2, lc2) = setup(failing.clone(), Limits::default());
+        assert!(matches!(
+            lc2.create(params()).await,
+            Err(LifecycleError::Driver(_))
+        ));
+        assert!(
+            store2.sandboxes().unwrap().is_empty(),
+            "a failed create leaves no row"
+        );
+        assert_eq!(failing.destroyed.lock().unwrap().len(), 1, "and cleans up");
+    }
+
+    #[tokio::test]
+    async fn expiry_and_timeouts() {
+        let driver = Arc::new(RecordingDriver::default());
+        let (_dir, _store, lc) = setup(driver, Limits::default());
+        let short = lc
+            .create(CreateParams {
+                timeout: Some(Duration::ZERO),
+                ..params()
+            })
+            .await
+            .unwrap();
+        let long = lc.create(params()).await.unwrap();
+        assert_eq!(lc.reap_expired(), 1);
+        assert!(lc.get(short.id().as_str()).is_err());
+        assert!(lc.get(long.id().as_str()).is_ok());
+        let too_long = Duration::from_secs(lc.limits().max_timeout.as_secs() + 1);
+        assert!(matches!(
+            lc.set_timeout(long.id().as_str(), too_long),
+            Err(LifecycleError::TimeoutTooLong { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn recover_adopts_the_living_and_removes_the_dead() {
+        let driver = Arc::new(RecordingDriver::default());
+        let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+        let alive = lc.create(params()).await.unwrap().id();
+        let dead = lc.create(params()).await.unwrap().id();
+        driver.running.lock().unwrap().retain(|id| *id != dead);
+
+        // A new server process on the same store and host.
+        let lc2 = Lifecycle::new(
+            store.clone(),
+            driver.clone(),
+            Arc::new(ReadyAgent),
+            Limits::default(),
+        );
+        let report = lc2.recover().await.unwrap();
+        assert_eq!(report.adopted, vec![alive.clone()]);
+        assert_eq!(report.removed, vec![dead]);
+        assert_eq!(*driver.swept_keep.lock().unwrap(), vec![alive.clone()]);
+        assert_eq!(store.sandboxes().unwrap().len(), 1);
+        let next = lc2.create(params()).await.unwrap();
+        assert_ne!(
+            next.record().slot,
+            lc2.get(alive.as_str()).unwrap().record().slot
+        );
+    }
 }

@@ -151,7 +151,8 @@ impl Store {
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (id, template, slot, token, metadata, env_vars, started, end, cpu, mem, disk) = row?;
+            let (id, template, slot, token, metadata, env_vars, started, end, cpu, mem, disk) =
+                row?;
             let corrupt = || StoreError::Corrupt(id.clone());
             out.push(SandboxRecord {
                 id: SandboxId::parse(&id).map_err(|_| corrupt())?,
@@ -188,10 +189,7 @@ impl Store {
     }
 
     pub fn template(&self, name: &TemplateName) -> Result<Option<TemplateRecord>, StoreError> {
-        Ok(self
-            .templates()?
-            .into_iter()
-            .find(|t| t.name == *name))
+        Ok(self.templates()?.into_iter().find(|t| t.name == *name))
     }
 
     pub fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
@@ -278,9 +276,14 @@ mod tests {
         let path = dir.path().join("airlock.db");
         let store = Store::open(&path).unwrap();
         store.insert_sandbox(&record("a1", 0)).unwrap();
-        assert!(store.insert_sandbox(&record("b2", 0)).is_err(), "slot reuse must fail");
+        assert!(
+            store.insert_sandbox(&record("b2", 0)).is_err(),
+            "slot reuse must fail"
+        );
         store.insert_sandbox(&record("b2", 1)).unwrap();
-        assert!(store.set_end_at(&SandboxId::parse("a1").unwrap(), 99).unwrap());
+        assert!(store
+            .set_end_at(&SandboxId::parse("a1").unwrap(), 99)
+            .unwrap());
         drop(store);
 
         let store = Store::open(&path).unwrap();

@@ -43,8 +43,8 @@ const BASE_PACKAGES: &[&str] = &[
 ];
 
 /// Runs inside the new rootfs (`chroot`, `/bin/sh`). Mirrors E2B's base template: a `user`
-/// account (uid 1000) with passwordless sudo, and the host's CA bundle trusted by the usual
-/// clients (the package registries are reached through a TLS-intercepting proxy on our hosts).
+/// account (uid 1000) with passwordless sudo, and the host's CA bundle (copied in by [`build`])
+/// named for the usual clients: on our hosts, registry TLS is signed by a CA only that bundle has.
 const BASE_SETUP: &str = r#"set -eu
 groupadd --gid 1000 user
 useradd --uid 1000 --gid 1000 --create-home --home-dir /home/user --shell /bin/bash user
@@ -63,7 +63,11 @@ export SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 export REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 EOF
+# The agent is bind-mounted over this file at run time. It must exist: otherwise runsc creates
+# it, writing into the shared template directory.
 mkdir -p /opt/airlock
+touch /opt/airlock/airlock-agent
+chmod 0755 /opt/airlock/airlock-agent
 chmod 1777 /tmp
 # Documentation is dead weight without `man`: drop it now and keep later installs from adding it.
 cat > /etc/dpkg/dpkg.cfg.d/airlock-slim <<'EOF'
@@ -194,8 +198,14 @@ pub fn mirror_from_deb822(text: &str, suite: &str) -> Option<String> {
         }
     }
     stanzas.iter().find_map(|fields| {
-        let get = |k: &str| fields.iter().find(|(fk, _)| fk == k).map(|(_, v)| v.as_str());
-        let has = |k: &str, word: &str| get(k).is_some_and(|v| v.split_whitespace().any(|w| w == word));
+        let get = |k: &str| {
+            fields
+                .iter()
+                .find(|(fk, _)| fk == k)
+                .map(|(_, v)| v.as_str())
+        };
+        let has =
+            |k: &str, word: &str| get(k).is_some_and(|v| v.split_whitespace().any(|w| w == word));
         let enabled = get("enabled").is_none_or(|v| !v.eq_ignore_ascii_case("no"));
         (enabled && has("types", "deb") && has("suites", suite) && has("components", "main"))
             .then(|| get("uris")?.split_whitespace().next().map(str::to_owned))
@@ -298,7 +308,10 @@ pub async fn build(
         .arg(&partial_rootfs)
         .args(["/bin/sh", "-c", &recipe.setup_script])
         .env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
         .env("LC_ALL", "C");
     run_streaming("template setup", &mut setup, progress).await?;
 
@@ -529,8 +542,11 @@ deb http://plain.example/debian bookworm main
             Some("http://opt.example/debian")
         );
         assert_eq!(
-            mirror_from_one_line("deb [trusted=yes] http://x.example/d bookworm main", "bookworm")
-                .as_deref(),
+            mirror_from_one_line(
+                "deb [trusted=yes] http://x.example/d bookworm main",
+                "bookworm"
+            )
+            .as_deref(),
             Some("http://x.example/d")
         );
         assert_eq!(

@@ -28,7 +28,14 @@ def sh(cmd):
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        if self.path == "/info":
+        if self.path.startswith("/probe/"):
+            _, _, host, port = self.path.split("/")
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+                body = b"reachable"
+            except OSError as e:
+                body = str(e).encode()
+        elif self.path == "/info":
             if not os.path.exists("/root/owner"):
                 with open("/root/owner", "w") as f:
                     f.write(socket.gethostname())
@@ -70,7 +77,10 @@ async fn main() -> anyhow::Result<()> {
 
     let recipe = template::recipe(&TemplateName::parse("base")?).context("no base recipe")?;
     let t = Instant::now();
-    let record = template::build(&recipe, &templates, &store, &mut |l: &str| println!("  {l}")).await?;
+    let record = template::build(&recipe, &templates, &store, &mut |l: &str| {
+        println!("  {l}")
+    })
+    .await?;
     println!("template: {} ({:?})", record.rootfs.display(), t.elapsed());
 
     let agent = data.join("fake-agent.py");
@@ -107,7 +117,10 @@ async fn main() -> anyhow::Result<()> {
         let info = http_get(*addr, "/info")?;
         println!("--- {} sees:\n{info}", spec.id);
         let info: serde_json::Value = serde_json::from_str(&info)?;
-        ensure!(info["owner"] == spec.id.as_str(), "owner file is not its own");
+        ensure!(
+            info["owner"] == spec.id.as_str(),
+            "owner file is not its own"
+        );
         ensure!(info["hostname"] == spec.id.as_str(), "hostname");
     }
     ensure!(
@@ -115,22 +128,67 @@ async fn main() -> anyhow::Result<()> {
         "a sandbox wrote into the template"
     );
 
+    // Not asserted: keeping sandboxes apart on the network is the egress layer's job.
+    let (a, b) = (sandboxes[0].1, sandboxes[1].1);
+    println!(
+        "{a} -> {b}:49983: {}",
+        http_get(a, &format!("/probe/{b}/49983"))?
+    );
+
     // Orphan sweep must keep what it is told to keep.
-    let keep: Vec<_> = sandboxes.iter().map(|(s, _)| (s.id.clone(), s.slot)).collect();
+    let keep: Vec<_> = sandboxes
+        .iter()
+        .map(|(s, _)| (s.id.clone(), s.slot))
+        .collect();
     driver.sweep_orphans(&keep).await?;
     for (spec, _) in &sandboxes {
-        ensure!(driver.is_running(&spec.id).await, "sweep removed a kept sandbox");
+        ensure!(
+            driver.is_running(&spec.id).await,
+            "sweep removed a kept sandbox"
+        );
     }
+
+    // A launch that fails (an empty rootfs has nothing to run) reports runsc's words and
+    // leaves nothing behind.
+    let empty = tempfile_dir(&data)?;
+    let bad = LaunchSpec {
+        id: SandboxId::generate(),
+        rootfs: empty.clone(),
+        slot: 2,
+        cpu_count: 1,
+        memory_mb: 256,
+        disk_mb: 1024,
+    };
+    let t = Instant::now();
+    match driver.launch(&bad).await {
+        Ok(()) => bail!("launch from an empty rootfs succeeded"),
+        Err(e) => println!("failed launch ({:?}), as expected: {e}", t.elapsed()),
+    }
+    // runsc creates missing mount points in the rootfs (hence the template's placeholders).
+    std::fs::remove_dir_all(&empty)?;
 
     for (spec, _) in &sandboxes {
         let t = Instant::now();
         driver.destroy(&spec.id, spec.slot).await?;
         println!("destroy {}: {:?}", spec.id, t.elapsed());
-        ensure!(!driver.is_running(&spec.id).await, "still running after destroy");
+        ensure!(
+            !driver.is_running(&spec.id).await,
+            "still running after destroy"
+        );
         let t = Instant::now();
         driver.destroy(&spec.id, spec.slot).await?;
         println!("destroy again (idempotent): {:?}", t.elapsed());
     }
+    // A slot is reusable as soon as destroy returns.
+    let again = LaunchSpec {
+        id: SandboxId::generate(),
+        ..sandboxes[0].0.clone()
+    };
+    driver.launch(&again).await?;
+    wait_http(sandboxes[0].1, "/", Duration::from_secs(20)).await?;
+    driver.destroy(&again.id, again.slot).await?;
+    println!("relaunch on slot {} right after destroy: ok", again.slot);
+
     check_nothing_left(&data.join("gvisor"))?;
     println!("nothing left behind");
     Ok(())
@@ -160,19 +218,39 @@ fn http_get(addr: Ipv4Addr, path: &str) -> anyhow::Result<String> {
     Ok(body.to_owned())
 }
 
+fn tempfile_dir(data: &Path) -> anyhow::Result<PathBuf> {
+    let dir = data.join("empty-rootfs");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 fn check_nothing_left(state_dir: &Path) -> anyhow::Result<()> {
     let sh = |cmd: &str| -> anyhow::Result<String> {
-        let out = std::process::Command::new("sh").args(["-c", cmd]).output()?;
+        let out = std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .output()?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     };
     let checks = [
         ("netns", "ls /run/netns | grep '^al-' || true".to_owned()),
         ("veth", "ls /sys/class/net | grep '^alv' || true".to_owned()),
         ("runsc processes", "pgrep -a runsc || true".to_owned()),
-        ("mounts", "findmnt -rn -o TARGET | grep -E 'bundles|netns/al-' || true".to_owned()),
+        (
+            "mounts",
+            "findmnt -rn -o TARGET | grep -E 'bundles|netns/al-' || true".to_owned(),
+        ),
         ("bundles", format!("ls {}/bundles", state_dir.display())),
-        ("cgroups", "ls -d /sys/fs/cgroup/*/airlock/*/ 2>/dev/null || true".to_owned()),
-        ("zombies", "ps -eo stat,comm | awk '$1 ~ /^Z/' || true".to_owned()),
+        (
+            "cgroups",
+            "ls -d /sys/fs/cgroup/*/airlock/*/ 2>/dev/null || true".to_owned(),
+        ),
+        (
+            "zombies",
+            "ps -eo stat,comm | awk '$1 ~ /^Z/' || true".to_owned(),
+        ),
     ];
     let mut left = Vec::new();
     for (what, cmd) in checks {

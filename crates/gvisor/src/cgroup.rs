@@ -44,7 +44,10 @@ pub(crate) fn remove(id: &str) -> Result<(), DriverError> {
         let dir = parent.join(id);
         match std::fs::remove_dir(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(DriverError::io(format!("removing cgroup {}", dir.display()))(e));
+                return Err(DriverError::io(format!(
+                    "removing cgroup {}",
+                    dir.display()
+                ))(e));
             }
             _ => {}
         }

@@ -66,10 +66,45 @@ impl GvisorConfig {
     }
 }
 
+/// Network namespaces (`al-*`), links (`alv*`), cgroups (`airlock/*`) and 10.77.0.0/16 are
+/// host-wide names, so only one driver may own them: a second one would sweep the first one's
+/// sandboxes as orphans. This lock, held for the driver's life, makes that an error instead.
+const HOST_LOCK: &str = "/run/airlock-gvisor.lock";
+
 pub struct GvisorDriver {
+    _host_lock: nix::fcntl::Flock<std::fs::File>,
     runsc: Runsc,
     bundles: PathBuf,
     agent_binary: String,
+}
+
+fn take_host_lock() -> Result<nix::fcntl::Flock<std::fs::File>, DriverError> {
+    use std::io::{Read, Seek, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(HOST_LOCK)
+        .map_err(DriverError::io(format!("opening {HOST_LOCK}")))?;
+    let mut holder = String::new();
+    let _ = file.read_to_string(&mut holder);
+    let mut lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| DriverError::Command {
+            what: "taking the host lock".into(),
+            detail: format!(
+                "another airlock serve (pid {}) already runs sandboxes on this host; \
+                 stop it first (only one server per host)",
+                holder.trim()
+            ),
+        })?;
+    let record_pid = |f: &mut std::fs::File| -> std::io::Result<()> {
+        f.set_len(0)?;
+        f.rewind()?;
+        write!(f, "{}", std::process::id())
+    };
+    record_pid(&mut lock).map_err(DriverError::io(format!("writing {HOST_LOCK}")))?;
+    Ok(lock)
 }
 
 impl GvisorDriver {
@@ -95,6 +130,7 @@ impl GvisorDriver {
         ))?;
         utf8("state dir", &state_dir)?;
         Ok(GvisorDriver {
+            _host_lock: take_host_lock()?,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
             bundles: state_dir.join("bundles"),
             agent_binary: utf8("agent binary", &agent)?.to_owned(),
@@ -115,10 +151,16 @@ impl GvisorDriver {
             .recursive(true)
             .mode(0o700)
             .create(&overlay_dir)
-            .map_err(DriverError::io(format!("creating {}", overlay_dir.display())))?;
+            .map_err(DriverError::io(format!(
+                "creating {}",
+                overlay_dir.display()
+            )))?;
 
         let hosts = bundle.join("hosts");
-        write(&hosts, oci::hosts_file(id, SlotAddrs::for_slot(spec.slot).sandbox))?;
+        write(
+            &hosts,
+            oci::hosts_file(id, SlotAddrs::for_slot(spec.slot).sandbox),
+        )?;
         let netns = net::netns_path(id);
         let config = oci::spec(&oci::SpecParams {
             id,
@@ -142,25 +184,30 @@ impl GvisorDriver {
             .await
     }
 
-    /// Removes everything that belongs to `id` except the slot's host link: the container
-    /// (processes, gofer mounts, cgroups), the netns and the bundle. Keeps going after an error
-    /// so that as much as possible is gone, and returns the first.
-    async fn teardown(&self, id: &str) -> Result<(), DriverError> {
-        self.runsc.kill(id).await;
+    /// Removes everything that belongs to `id`: the container (processes, gofer mounts,
+    /// cgroups), the slot's veth pair when the slot is known, the netns and the bundle. Keeps
+    /// going after an error so that as much as possible is gone, and returns the first.
+    ///
+    /// No `runsc kill` first: `delete --force` SIGKILLs the sandbox process itself.
+    async fn teardown(&self, id: &str, slot: Option<u32>) -> Result<(), DriverError> {
         let mut result = self.runsc.delete(id).await;
+        // The link before the netns: deleting it removes both veth ends at once, whereas a
+        // deleted netns lets go of its devices asynchronously, and a launch reusing the slot
+        // right away would still find `alv{slot}`.
+        if let Some(slot) = slot {
+            result = result.and(net::delete_link(slot).await);
+        }
+        result = result.and(net::delete_netns(id).await);
+        result = result.and(cgroup::remove(id));
         let bundle = self.bundle_dir(id);
-        let rest = [
-            net::delete_netns(id).await,
-            cgroup::remove(id),
-            match std::fs::remove_dir_all(&bundle) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(DriverError::io(format!("removing {}", bundle.display()))(e))
-                }
-                _ => Ok(()),
-            },
-        ];
-        for r in rest {
-            result = result.and(r);
+        match std::fs::remove_dir_all(&bundle) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                result = result.and(Err(DriverError::io(format!(
+                    "removing {}",
+                    bundle.display()
+                ))(e)));
+            }
+            _ => {}
         }
         result
     }
@@ -207,7 +254,9 @@ impl Driver for GvisorDriver {
         let started = Instant::now();
         let result = self.try_launch(spec, rootfs).await;
         match &result {
-            Ok(()) => tracing::debug!(%id, slot = spec.slot, elapsed = ?started.elapsed(), "sandbox launched"),
+            Ok(()) => {
+                tracing::debug!(%id, slot = spec.slot, elapsed = ?started.elapsed(), "sandbox launched")
+            }
             Err(err) => {
                 tracing::warn!(%id, slot = spec.slot, error = %err, "launch failed; cleaning up");
                 if let Err(cleanup) = self.destroy(&spec.id, spec.slot).await {
@@ -220,8 +269,7 @@ impl Driver for GvisorDriver {
 
     async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError> {
         let started = Instant::now();
-        let result = self.teardown(id.as_str()).await;
-        let result = result.and(net::delete_link(slot).await);
+        let result = self.teardown(id.as_str(), Some(slot)).await;
         tracing::debug!(%id, slot, elapsed = ?started.elapsed(), ok = result.is_ok(), "sandbox destroyed");
         result
     }
@@ -248,8 +296,10 @@ impl Driver for GvisorDriver {
                 continue;
             }
             tracing::info!(%id, "removing orphaned sandbox");
-            result = result.and(self.teardown(id).await);
+            result = result.and(self.teardown(id, None).await);
         }
+        // Links of slots no kept sandbox holds, including any whose netns was deleted above and
+        // that the kernel has not removed yet.
         for slot in net::link_slots()? {
             if !keep_slots.contains(&slot) {
                 tracing::info!(slot, "removing orphaned veth");

@@ -64,7 +64,8 @@ pub(crate) async fn setup(id: &str, slot: u32) -> Result<(), DriverError> {
     ip_batch(Some(&netns_name(id)), &inside).await
 }
 
-/// Deletes the netns (which takes the veth pair with it once no process holds the netns).
+/// Deletes the netns. The kernel then destroys its devices (and so the veth pair)
+/// asynchronously, once no process holds the netns any more.
 pub(crate) async fn delete_netns(id: &str) -> Result<(), DriverError> {
     if !netns_path(id).exists() {
         return Ok(());
@@ -78,7 +79,7 @@ pub(crate) async fn delete_link(slot: u32) -> Result<(), DriverError> {
         return Ok(());
     }
     let result = ip(&["link", "del", &link_name(slot)]).await;
-    // Deleting the netns may have removed it between our check and the call.
+    // A dying netns may have taken it between our check and the call.
     if result.is_err() && !link_exists(slot) {
         return Ok(());
     }
@@ -108,7 +109,11 @@ fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> 
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(DriverError::io(format!("listing {}", dir.display())))?;
-        if let Some(rest) = entry.file_name().to_str().and_then(|n| n.strip_prefix(prefix)) {
+        if let Some(rest) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+        {
             out.push(rest.to_owned());
         }
     }

@@ -99,15 +99,12 @@ impl Runsc {
         }
     }
 
-    /// Sends SIGKILL to the sandbox's processes. Errors are ignored: "not running" and
-    /// "does not exist" are both fine here, and `delete --force` follows anyway.
-    pub async fn kill(&self, id: &str) {
-        let mut cmd = self.command();
-        cmd.args(["kill", id, "KILL"]);
-        let _ = self.output("runsc kill", cmd).await;
-    }
-
-    /// `runsc delete --force`; succeeds if the container does not exist.
+    /// `runsc delete --force`: kills the sandbox and removes its state and cgroups. Succeeds if
+    /// the container does not exist.
+    ///
+    /// runsc then waits (up to 5 s) until the sandbox process is gone, and a zombie counts as
+    /// there: with `run --detach` the sandbox is reparented to PID 1 (or the nearest subreaper),
+    /// so this takes as long as that process takes to reap.
     pub async fn delete(&self, id: &str) -> Result<(), DriverError> {
         let mut cmd = self.command();
         cmd.args(["delete", "--force", id]);

@@ -42,7 +42,9 @@ impl AgentClient for HttpAgentClient {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        Err(format!("agent at {addr} not ready after {within:?}: {last}"))
+        Err(format!(
+            "agent at {addr} not ready after {within:?}: {last}"
+        ))
     }
 
     async fn init(&self, addr: Ipv4Addr, init: &InitRequest) -> Result<(), String> {

@@ -4,9 +4,7 @@ use crate::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::lifecycle::{CreateParams, Sandbox as LiveSandbox};
 use airlock_core::store::SandboxRecord;
-use airlock_wire::api::{
-    NewSandbox, Sandbox, SandboxDetail, SandboxState, TimeoutBody,
-};
+use airlock_wire::api::{NewSandbox, Sandbox, SandboxDetail, SandboxState, TimeoutBody};
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -48,14 +46,22 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if key.is_empty() {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "missing API key: send it in the X-API-KEY header").into_response();
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key: send it in the X-API-KEY header",
+        )
+        .into_response();
     }
     match state.store.has_api_key_hash(&hash_key(key)) {
         Ok(true) => next.run(req).await,
         Ok(false) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
         Err(e) => {
             tracing::error!(error = %e, "API key lookup failed");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error; see the server log").into_response()
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; see the server log",
+            )
+            .into_response()
         }
     }
 }
@@ -69,7 +75,9 @@ fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError>
     }
     if what == "envVars" {
         if let Some(bad) = map.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return Err(ApiError::bad_request(format!("invalid env var name {bad:?}")));
+            return Err(ApiError::bad_request(format!(
+                "invalid env var name {bad:?}"
+            )));
         }
     }
     Ok(())
@@ -147,17 +155,27 @@ fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
         disk_size_mb: r.disk_mb,
         state: SandboxState::Running,
         metadata: r.metadata.clone(),
-        envd_access_token: if with_token { r.access_token.clone() } else { None },
+        envd_access_token: if with_token {
+            r.access_token.clone()
+        } else {
+            None
+        },
     }
 }
 
-async fn detail(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SandboxDetail>, ApiError> {
+async fn detail(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxDetail>, ApiError> {
     let sandbox = state.lifecycle.get(&id)?;
     Ok(Json(detail_body(&sandbox.record(), true)))
 }
 
-async fn kill(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    state.lifecycle.kill(&id).await?;
+async fn kill(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.lifecycle.kill(&id)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -169,7 +187,9 @@ async fn set_timeout(
     let secs = body
         .timeout
         .ok_or_else(|| ApiError::bad_request("timeout (seconds) is required"))?;
-    state.lifecycle.set_timeout(&id, Duration::from_secs(secs))?;
+    state
+        .lifecycle
+        .set_timeout(&id, Duration::from_secs(secs))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -210,9 +230,9 @@ fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError
     let once = percent_decode(raw)?;
     let mut out = BTreeMap::new();
     for pair in once.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| ApiError::bad_request(format!("metadata filter {pair:?} is not key=value")))?;
+        let (k, v) = pair.split_once('=').ok_or_else(|| {
+            ApiError::bad_request(format!("metadata filter {pair:?} is not key=value"))
+        })?;
         out.insert(percent_decode(k)?, percent_decode(v)?);
     }
     Ok(out)
@@ -244,7 +264,10 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
     String::from_utf8(out).map_err(|_| bad())
 }
 
-fn matching(state: &AppState, query: &HashMap<String, String>) -> Result<Vec<SandboxRecord>, ApiError> {
+fn matching(
+    state: &AppState,
+    query: &HashMap<String, String>,
+) -> Result<Vec<SandboxRecord>, ApiError> {
     let filter = match query.get("metadata") {
         Some(raw) => parse_metadata_filter(raw)?,
         None => BTreeMap::new(),

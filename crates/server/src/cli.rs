@@ -114,7 +114,10 @@ impl Client {
         req
     }
 
-    async fn send(&self, req: hyper::Request<Body>) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
+    async fn send(
+        &self,
+        req: hyper::Request<Body>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
         self.http
             .request(req)
             .await
@@ -173,7 +176,11 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                     Err(e) => return Err(e),
                 }
             }
-            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+            Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         SandboxCommand::Exec {
             user,
@@ -237,8 +244,9 @@ async fn exec(
     envs: &[String],
     command: &[String],
 ) -> Result<ExitCode, CliError> {
-    let detail: SandboxDetail = serde_json::from_slice(&client.call("GET", &format!("/sandboxes/{id}")).await?)
-        .map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))?;
+    let detail: SandboxDetail =
+        serde_json::from_slice(&client.call("GET", &format!("/sandboxes/{id}")).await?)
+            .map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))?;
     let mut env_map = serde_json::Map::new();
     for pair in envs {
         let (k, v) = pair
@@ -270,8 +278,16 @@ async fn exec(
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let resp = client.send(req).await?;
     if !resp.status().is_success() {
-        let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-        return Err(CliError::Failed(format!("starting the command failed: {}", String::from_utf8_lossy(&body))));
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Err(CliError::Failed(format!(
+            "starting the command failed: {}",
+            String::from_utf8_lossy(&body)
+        )));
     }
 
     let mut body = resp.into_body();
@@ -279,11 +295,17 @@ async fn exec(
     let mut exit: Option<i32> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
-        let Some(chunk) = frame.data_ref() else { continue };
+        let Some(chunk) = frame.data_ref() else {
+            continue;
+        };
         decoder.push(chunk);
-        while let Some(env) = decoder.next_envelope().map_err(|e| CliError::Failed(e.to_string()))? {
+        while let Some(env) = decoder
+            .next_envelope()
+            .map_err(|e| CliError::Failed(e.to_string()))?
+        {
             if env.is_end_stream() {
-                let end: connect::EndOfStream = serde_json::from_slice(&env.payload).unwrap_or_default();
+                let end: connect::EndOfStream =
+                    serde_json::from_slice(&env.payload).unwrap_or_default();
                 if let Some(err) = end.error {
                     return Err(CliError::Failed(format!("{:?}: {}", err.code, err.message)));
                 }
@@ -312,7 +334,9 @@ async fn exec(
     }
     match exit {
         Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
-        None => Err(CliError::Failed("the command ended without an exit status".into())),
+        None => Err(CliError::Failed(
+            "the command ended without an exit status".into(),
+        )),
     }
 }
 
@@ -342,18 +366,23 @@ pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode,
         TemplateCommand::Build { name } => {
             let parsed = TemplateName::parse(&name).map_err(|e| CliError::Failed(e.to_string()))?;
             let recipe = airlock_core::template::recipe(&parsed).ok_or_else(|| {
-                CliError::Failed(format!("no recipe for template '{name}'; known templates: base"))
+                CliError::Failed(format!(
+                    "no recipe for template '{name}'; known templates: base"
+                ))
             })?;
             if !nix::unistd::geteuid().is_root() {
-                return Err(CliError::Failed("building a template needs root (debootstrap, chroot)".into()));
+                return Err(CliError::Failed(
+                    "building a template needs root (debootstrap, chroot)".into(),
+                ));
             }
             data.create().map_err(CliError::Other)?;
             let store = open_store(&data)?;
             let started = std::time::Instant::now();
             let mut progress = |line: &str| println!("  {line}");
-            let record = airlock_core::template::build(&recipe, &data.templates(), &store, &mut progress)
-                .await
-                .map_err(|e| CliError::Other(e.into()))?;
+            let record =
+                airlock_core::template::build(&recipe, &data.templates(), &store, &mut progress)
+                    .await
+                    .map_err(|e| CliError::Other(e.into()))?;
             println!(
                 "template {} ready ({}, {:.0} MiB) in {:.1}s",
                 record.name,
@@ -368,5 +397,7 @@ pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode,
 
 fn open_store(data: &DataDir) -> Result<Store, CliError> {
     let path: PathBuf = data.db();
-    Store::open(&path).map_err(|e| CliError::Other(anyhow::Error::new(e).context(format!("opening {}", path.display()))))
+    Store::open(&path).map_err(|e| {
+        CliError::Other(anyhow::Error::new(e).context(format!("opening {}", path.display())))
+    })
 }

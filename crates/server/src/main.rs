@@ -39,10 +39,20 @@ Exit codes: 0 success; 1 the operation failed (e.g. unknown sandbox); 2 bad usag
 )]
 struct Cli {
     /// Where Airlock keeps its state (database, templates, sandboxes).
-    #[arg(long, global = true, env = "AIRLOCK_DATA_DIR", default_value = "/var/lib/airlock")]
+    #[arg(
+        long,
+        global = true,
+        env = "AIRLOCK_DATA_DIR",
+        default_value = "/var/lib/airlock"
+    )]
     data_dir: PathBuf,
     /// The server to talk to (client commands).
-    #[arg(long, global = true, env = "AIRLOCK_URL", default_value = "http://127.0.0.1:3000")]
+    #[arg(
+        long,
+        global = true,
+        env = "AIRLOCK_URL",
+        default_value = "http://127.0.0.1:3000"
+    )]
     url: String,
     /// API key for client commands; defaults to the one the server generated in the data dir.
     #[arg(long, global = true, env = "AIRLOCK_API_KEY", hide_env_values = true)]

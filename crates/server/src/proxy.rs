@@ -42,7 +42,10 @@ pub fn http_client() -> HttpClient {
 /// Which sandbox and port a request is for, if it is sandbox traffic at all.
 #[derive(Debug, PartialEq, Eq)]
 enum Target {
-    Sandbox { id: String, port: u16 },
+    Sandbox {
+        id: String,
+        port: u16,
+    },
     /// A signed `/files` URL: the sandbox is the one whose token made the signature.
     SignedFiles,
 }
@@ -81,7 +84,10 @@ fn parse_sandbox_host(host: &str) -> Option<Target> {
     }
     let (port, id) = label.split_once('-')?;
     let port = port.parse().ok()?;
-    let id_ok = !id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let id_ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     id_ok.then(|| Target::Sandbox {
         id: id.to_owned(),
         port,
@@ -89,7 +95,11 @@ fn parse_sandbox_host(host: &str) -> Option<Target> {
 }
 
 /// Middleware in front of the API: sandbox traffic is forwarded, everything else passes on.
-pub async fn route_sandbox_traffic(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn route_sandbox_traffic(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
     match classify(req.headers(), req.uri()) {
         None => next.run(req).await,
         Some(Target::Sandbox { id, port }) => match state.lifecycle.get(&id) {
@@ -135,11 +145,13 @@ fn bad_gateway(id: &str, message: &str) -> Response {
 
 /// The sandbox whose access token produced this URL's signature (protocol doc §3.6).
 fn signer_of(state: &AppState, uri: &Uri) -> Option<Arc<Sandbox>> {
-    let query: Vec<(String, String)> = uri
-        .query()
-        .map(url_pairs)
-        .unwrap_or_default();
-    let get = |k: &str| query.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let query: Vec<(String, String)> = uri.query().map(url_pairs).unwrap_or_default();
+    let get = |k: &str| {
+        query
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
     let signature = get("signature")?;
     let path = get("path").unwrap_or("");
     let username = get("username").unwrap_or("");
@@ -154,13 +166,22 @@ fn signer_of(state: &AppState, uri: &Uri) -> Option<Arc<Sandbox>> {
     })
 }
 
-pub fn sign(path: &str, operation: &str, username: &str, token: &str, expiration: Option<&str>) -> String {
+pub fn sign(
+    path: &str,
+    operation: &str,
+    username: &str,
+    token: &str,
+    expiration: Option<&str>,
+) -> String {
     let mut input = format!("{path}:{operation}:{username}:{token}");
     if let Some(exp) = expiration {
         input.push(':');
         input.push_str(exp);
     }
-    format!("v1_{}", STANDARD_NO_PAD.encode(Sha256::digest(input.as_bytes())))
+    format!(
+        "v1_{}",
+        STANDARD_NO_PAD.encode(Sha256::digest(input.as_bytes()))
+    )
 }
 
 fn url_pairs(query: &str) -> Vec<(String, String)> {
@@ -211,14 +232,23 @@ const HOP_BY_HOP: &[&str] = &[
 async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Request) -> Response {
     let id = sandbox.id().to_string();
     if INTERNAL_PATHS.contains(&req.uri().path()) {
-        return crate::error::ApiError::not_found(format!("{} is not a public route", req.uri().path()))
-            .into_response();
+        return crate::error::ApiError::not_found(format!(
+            "{} is not a public route",
+            req.uri().path()
+        ))
+        .into_response();
     }
     let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
     parts.uri = match format!("http://{}:{port}{path}", sandbox.addrs.sandbox).parse() {
         Ok(uri) => uri,
-        Err(_) => return crate::error::ApiError::bad_request("malformed request path").into_response(),
+        Err(_) => {
+            return crate::error::ApiError::bad_request("malformed request path").into_response()
+        }
     };
     for name in HOP_BY_HOP {
         parts.headers.remove(*name);
@@ -291,15 +321,30 @@ mod tests {
     fn classifies_by_header_host_and_signature() {
         let uri: Uri = "/process.Process/Start".parse().unwrap();
         assert_eq!(
-            classify(&headers(&[("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", "49999")]), &uri),
-            Some(Target::Sandbox { id: "abc".into(), port: 49999 })
+            classify(
+                &headers(&[("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", "49999")]),
+                &uri
+            ),
+            Some(Target::Sandbox {
+                id: "abc".into(),
+                port: 49999
+            })
         );
         assert_eq!(
             classify(&headers(&[("host", "8080-abc1.airlock.test:3000")]), &uri),
-            Some(Target::Sandbox { id: "abc1".into(), port: 8080 })
+            Some(Target::Sandbox {
+                id: "abc1".into(),
+                port: 8080
+            })
         );
-        assert_eq!(classify(&headers(&[("host", "127.0.0.1:3000")]), &uri), None);
-        assert_eq!(classify(&headers(&[("host", "localhost:3000")]), &uri), None);
+        assert_eq!(
+            classify(&headers(&[("host", "127.0.0.1:3000")]), &uri),
+            None
+        );
+        assert_eq!(
+            classify(&headers(&[("host", "localhost:3000")]), &uri),
+            None
+        );
         let signed: Uri = "/files?path=%2Fa&signature=v1_x".parse().unwrap();
         assert_eq!(classify(&headers(&[]), &signed), Some(Target::SignedFiles));
         let health: Uri = "/health".parse().unwrap();
@@ -314,9 +359,12 @@ mod tests {
         assert_eq!(sig, "v1_Fh5abAPjRBN6FHQ5HTJwGAHjHfzJmhV0f2EtHLgLVa0");
         assert_ne!(sig, sign("/a", "write", "user", "tok", None));
         assert_ne!(sig, sign("/a", "read", "user", "tok", Some("1")));
-        assert_eq!(url_pairs("path=%2Fhome%2Fuser&x=a+b"), vec![
-            ("path".to_string(), "/home/user".to_string()),
-            ("x".to_string(), "a b".to_string())
-        ]);
+        assert_eq!(
+            url_pairs("path=%2Fhome%2Fuser&x=a+b"),
+            vec![
+                ("path".to_string(), "/home/user".to_string()),
+                ("x".to_string(), "a b".to_string())
+            ]
+        );
     }
 }

@@ -77,7 +77,10 @@ fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
         if key.trim().is_empty() {
             bail!("AIRLOCK_API_KEY is set but empty");
         }
-        store.add_api_key_hash(&api::hash_key(key.trim()), airlock_core::lifecycle::now_unix())?;
+        store.add_api_key_hash(
+            &api::hash_key(key.trim()),
+            airlock_core::lifecycle::now_unix(),
+        )?;
         return Ok(KeySource::Environment);
     }
     if store.api_key_count()? > 0 {
@@ -111,7 +114,9 @@ fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("airlock serve must run as root: sandboxes need network namespaces, mounts and runsc");
+        bail!(
+            "airlock serve must run as root: sandboxes need network namespaces, mounts and runsc"
+        );
     }
     let data = DataDir(opts.data_dir.clone());
     data.create()?;
@@ -166,7 +171,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     println!("Airlock is serving on http://{}", opts.listen);
     match key {
         KeySource::Generated(key) => {
-            println!("Generated API key (also saved to {}):", data.api_key_file().display());
+            println!(
+                "Generated API key (also saved to {}):",
+                data.api_key_file().display()
+            );
             println!("  {key}");
         }
         KeySource::Environment => println!("API key: from AIRLOCK_API_KEY"),
@@ -176,7 +184,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         ),
     }
     println!("Point the E2B SDK here with:");
-    println!("  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}", opts.listen);
+    println!(
+        "  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}",
+        opts.listen
+    );
 
     // On a signal, kill every sandbox first: that cuts their open streams, which graceful
     // shutdown would otherwise wait on forever.

@@ -188,7 +188,10 @@ mod tests {
     fn rejects_oversized_and_compressed_and_truncated() {
         let mut dec = Decoder::default();
         dec.push(&[0, 0xff, 0xff, 0xff, 0xff]);
-        assert_eq!(dec.next_envelope(), Err(DecodeError::TooLarge(u32::MAX as usize)));
+        assert_eq!(
+            dec.next_envelope(),
+            Err(DecodeError::TooLarge(u32::MAX as usize))
+        );
 
         let mut dec = Decoder::default();
         dec.push(&[FLAG_COMPRESSED, 0, 0, 0, 0]);

@@ -299,7 +299,7 @@ pub struct FilesystemEvent {
 #[serde(rename_all = "camelCase")]
 pub enum WatchDirResponse {
     Start(Empty),
-    Filesystem(FilesystemEvent),
+    Filesystem(Box<FilesystemEvent>),
     Keepalive(Empty),
 }
 
@@ -362,11 +362,17 @@ mod tests {
         let start = ProcessEventMessage {
             event: ProcessEvent::Start(StartEvent { pid: 7 }),
         };
-        assert_eq!(serde_json::to_value(&start).unwrap(), json!({"event": {"start": {"pid": 7}}}));
+        assert_eq!(
+            serde_json::to_value(&start).unwrap(),
+            json!({"event": {"start": {"pid": 7}}})
+        );
         let data = ProcessEventMessage {
             event: ProcessEvent::Data(ProcessOutput::Stdout(b"hi\n".to_vec())),
         };
-        assert_eq!(serde_json::to_value(&data).unwrap(), json!({"event": {"data": {"stdout": "aGkK"}}}));
+        assert_eq!(
+            serde_json::to_value(&data).unwrap(),
+            json!({"event": {"data": {"stdout": "aGkK"}}})
+        );
         let end = ProcessEventMessage {
             event: ProcessEvent::End(EndEvent {
                 exit_code: 0,
@@ -386,12 +392,18 @@ mod tests {
     #[test]
     fn selectors_signals_and_inputs() {
         let r: SendSignalRequest =
-            serde_json::from_value(json!({"process": {"pid": 4}, "signal": "SIGNAL_SIGKILL"})).unwrap();
+            serde_json::from_value(json!({"process": {"pid": 4}, "signal": "SIGNAL_SIGKILL"}))
+                .unwrap();
         assert_eq!(r.process, ProcessSelector::Pid(4));
         assert_eq!(r.signal, Signal::Kill);
-        assert!(serde_json::from_value::<SendSignalRequest>(json!({"process": {"pid": 4}, "signal": "SIGNAL_SIGHUP"})).is_err());
-        let r: SendInputRequest =
-            serde_json::from_value(json!({"process": {"tag": "t"}, "input": {"stdin": "ZGF0YQo="}})).unwrap();
+        assert!(serde_json::from_value::<SendSignalRequest>(
+            json!({"process": {"pid": 4}, "signal": "SIGNAL_SIGHUP"})
+        )
+        .is_err());
+        let r: SendInputRequest = serde_json::from_value(
+            json!({"process": {"tag": "t"}, "input": {"stdin": "ZGF0YQo="}}),
+        )
+        .unwrap();
         assert_eq!(r.input, ProcessInput::Stdin(b"data\n".to_vec()));
         let s: StreamInputRequest = serde_json::from_value(json!({"keepalive": {}})).unwrap();
         assert!(matches!(s, StreamInputRequest::Keepalive {}));

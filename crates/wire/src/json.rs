@@ -14,7 +14,9 @@ pub mod b64 {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         let text = String::deserialize(d)?;
-        STANDARD.decode(text.as_bytes()).map_err(serde::de::Error::custom)
+        STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
     }
 }
 

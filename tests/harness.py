@@ -1,0 +1,90 @@
+"""Starting and stopping a real `airlock serve` for the integration tests and the benchmarks."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+AIRLOCK = Path(os.environ.get("AIRLOCK_BIN", REPO / "target" / "release" / "airlock"))
+API_KEY = "e2b_" + "5" * 40
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `airlock serve` process; can be killed and started again on the same data dir."""
+
+    def __init__(self, data_dir: Path, port: int):
+        self.data_dir = data_dir
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = None
+        self.log = data_dir / "server-test.log"
+
+    def start(self):
+        env = dict(os.environ, AIRLOCK_API_KEY=API_KEY, AIRLOCK_LOG="info")
+        self.proc = subprocess.Popen(
+            [str(AIRLOCK), "--data-dir", str(self.data_dir), "serve", "--listen", f"127.0.0.1:{self.port}"],
+            stdout=open(self.log, "ab"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"airlock serve exited early:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("airlock serve did not become healthy in 60s")
+
+    def stop(self, sig=signal.SIGTERM, timeout=90):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=timeout)
+        self.proc = None
+
+    def api(self, method, path, body=None, key=API_KEY, raw=None, headers=None):
+        """A raw control-plane call; returns (status, parsed JSON or None)."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if key is not None:
+            req.add_header("X-API-KEY", key)
+        req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                text = r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            text = e.read()
+            status = e.code
+        return status, (json.loads(text) if text else None)
+
+
+def host_leftovers(data_dir: Path):
+    """What Airlock-made host resources exist right now (runsc processes, netns, veths, mounts)."""
+    netns = sorted(p.name for p in Path("/run/netns").glob("al-*")) if Path("/run/netns").exists() else []
+    links = sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith("alv"))
+    procs = subprocess.run(["pgrep", "-f", f"runsc.*{data_dir}"], capture_output=True, text=True).stdout.split()
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(data_dir) in line]
+    return {"netns": netns, "links": links, "runsc": procs, "mounts": mounts}
+
+
+def use_server(srv: Server):
+    """Points the e2b SDK (via its environment variables) at `srv`."""
+    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
+    os.environ.pop("E2B_DEBUG", None)
