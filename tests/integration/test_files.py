@@ -90,3 +90,24 @@ def test_two_sandboxes_cannot_see_each_others_files(sandbox_factory):
     b_ip = b.commands.run("hostname -I").stdout.split()[0]
     r = a.commands.run(f"curl -s -m 3 http://{b_ip}:49983/health || echo unreachable")
     assert "unreachable" in r.stdout
+
+
+def test_sandbox_cannot_open_connections_to_the_host(sandbox):
+    import socket
+    import threading
+
+    # A service on the host that listens on every address, as many real ones do.
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    reached = []
+    threading.Thread(target=lambda: reached.append(listener.accept()), daemon=True).start()
+    try:
+        gateway = sandbox.commands.run("ip route | awk '/default/ {print $3}'").stdout.strip()
+        assert gateway.startswith("10.77.")
+        r = sandbox.commands.run(f"curl -s -m 3 http://{gateway}:{port}/ || echo blocked")
+        assert "blocked" in r.stdout
+        assert reached == []
+    finally:
+        listener.close()

@@ -129,8 +129,10 @@ impl GvisorDriver {
             format!("resolving {}", config.state_dir.display()),
         ))?;
         utf8("state dir", &state_dir)?;
+        let host_lock = take_host_lock()?;
+        net::guard_host()?;
         Ok(GvisorDriver {
-            _host_lock: take_host_lock()?,
+            _host_lock: host_lock,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
             bundles: state_dir.join("bundles"),
             agent_binary: utf8("agent binary", &agent)?.to_owned(),

@@ -6,8 +6,10 @@
 //! `ip netns exec`: it remounts `/sys`, after which runsc cannot find its cgroups. Setup is two
 //! `ip -batch` calls (host side, then inside the netns with `ip -n`) to keep spawns few.
 //!
-//! No NAT or filtering yet: the sandbox reaches the host's `.host` address and nothing beyond.
-//! Egress policy (and keeping sandboxes off the host's own services) is a later, separate layer.
+//! A sandbox may not open connections to the host: [`guard_host`] drops every new connection
+//! that arrives on an `alv*` link, so the host's own services (bound to 0.0.0.0 or not) stay out
+//! of reach while the server's connections into sandboxes, and their replies, pass. There is no
+//! NAT yet, so nothing beyond the host is reachable either; egress policy is a later layer.
 
 use airlock_core::driver::{DriverError, SlotAddrs};
 use std::path::{Path, PathBuf};
@@ -118,6 +120,43 @@ fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> 
         }
     }
     Ok(out)
+}
+
+/// The firewall rule that keeps sandboxes off the host: new connections in from any sandbox
+/// link are dropped (replies to connections the host opened are `ESTABLISHED`, not `NEW`).
+const GUARD_RULE: &[&str] = &[
+    "INPUT",
+    "-i",
+    "alv+",
+    "-m",
+    "conntrack",
+    "--ctstate",
+    "NEW",
+    "-j",
+    "DROP",
+];
+
+/// Installs [`GUARD_RULE`] for IPv4 and IPv6 (link-local addresses exist on every veth), once.
+pub(crate) fn guard_host() -> Result<(), DriverError> {
+    for tool in ["iptables", "ip6tables"] {
+        let present = std::process::Command::new(tool)
+            .arg("-C")
+            .args(GUARD_RULE)
+            .stderr(Stdio::null())
+            .status()
+            .map_err(DriverError::io(format!("starting {tool}")))?
+            .success();
+        if present {
+            continue;
+        }
+        let out = std::process::Command::new(tool)
+            .args(["-I", GUARD_RULE[0], "1"])
+            .args(&GUARD_RULE[1..])
+            .output()
+            .map_err(DriverError::io(format!("starting {tool}")))?;
+        check(tool, GUARD_RULE.join(" "), &out)?;
+    }
+    Ok(())
 }
 
 async fn ip(args: &[&str]) -> Result<(), DriverError> {
