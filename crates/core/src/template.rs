@@ -235,6 +235,24 @@ pub fn mirror_from_one_line(text: &str, suite: &str) -> Option<String> {
     })
 }
 
+/// Records a finished rootfs in the store, measuring its size.
+async fn record_built(
+    store: &Store,
+    name: &TemplateName,
+    hash: String,
+    rootfs: PathBuf,
+) -> Result<TemplateRecord, TemplateError> {
+    let record = TemplateRecord {
+        name: name.clone(),
+        content_hash: hash,
+        size_bytes: disk_usage(&rootfs).await?,
+        rootfs,
+        built_at: now(),
+    };
+    store.put_template(&record).map_err(TemplateError::Store)?;
+    Ok(record)
+}
+
 /// Builds the template (or finds it cached), records it in `store` and returns the record.
 /// `progress` receives one line at a time: debootstrap's own output and our steps.
 pub async fn build(
@@ -251,18 +269,13 @@ pub async fn build(
     if final_dir.join(COMPLETE_MARKER).is_file() && rootfs.is_dir() {
         progress(&format!("template {name}: cached at {}", rootfs.display()));
         let known = store.template(name).map_err(TemplateError::Store)?;
-        let record = match known {
-            Some(r) if r.content_hash == hash && r.rootfs == rootfs => r,
-            _ => TemplateRecord {
-                name: name.clone(),
-                content_hash: hash,
-                size_bytes: disk_usage(&rootfs).await?,
-                rootfs,
-                built_at: now(),
-            },
+        return match known {
+            Some(r) if r.content_hash == hash && r.rootfs == rootfs => {
+                store.put_template(&r).map_err(TemplateError::Store)?;
+                Ok(r)
+            }
+            _ => record_built(store, name, hash, rootfs).await,
         };
-        store.put_template(&record).map_err(TemplateError::Store)?;
-        return Ok(record);
     }
 
     let partial = templates_dir.join(format!("{name}-{hash}.partial"));
@@ -323,14 +336,7 @@ pub async fn build(
         .await
         .map_err(io_err(format!("renaming {} into place", partial.display())))?;
 
-    let record = TemplateRecord {
-        name: name.clone(),
-        content_hash: hash,
-        size_bytes: disk_usage(&rootfs).await?,
-        rootfs,
-        built_at: now(),
-    };
-    store.put_template(&record).map_err(TemplateError::Store)?;
+    let record = record_built(store, name, hash, rootfs).await?;
     progress(&format!(
         "template {name}: built at {} ({} MB)",
         record.rootfs.display(),

@@ -239,29 +239,8 @@ fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError
 }
 
 fn percent_decode(s: &str) -> Result<String, ApiError> {
-    let bad = || ApiError::bad_request(format!("malformed percent-encoding in {s:?}"));
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
-                let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
-                out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| bad())
+    crate::proxy::percent_decode(s)
+        .ok_or_else(|| ApiError::bad_request(format!("malformed percent-encoding in {s:?}")))
 }
 
 fn matching(

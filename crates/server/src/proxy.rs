@@ -189,12 +189,13 @@ fn url_pairs(query: &str) -> Vec<(String, String)> {
         .split('&')
         .filter_map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            Some((decode(k)?, decode(v)?))
+            Some((percent_decode(k)?, percent_decode(v)?))
         })
         .collect()
 }
 
-fn decode(s: &str) -> Option<String> {
+/// Decodes `%XX` escapes and `+` (query-string form); `None` if malformed or not UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
