@@ -49,6 +49,10 @@ apt_install() {
 }
 
 need_root
+if ! command -v cargo >/dev/null; then
+  echo "airlock: cargo is missing: install a Rust toolchain (1.85 or newer, e.g. with rustup) first." >&2
+  exit 1
+fi
 add_backports
 apt_install debootstrap iproute2 iptables util-linux ca-certificates python3-venv curl
 if ! command -v runsc >/dev/null; then

@@ -111,3 +111,25 @@ def test_sandbox_cannot_open_connections_to_the_host(sandbox):
         assert reached == []
     finally:
         listener.close()
+
+
+def test_signed_urls_work_without_any_header_and_expire(sandbox):
+    import urllib.error
+    import urllib.request
+
+    sandbox.files.write("shared.txt", "signed content")
+    url = sandbox.download_url("shared.txt", use_signature_expiration=60)
+    assert "signature=" in url
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.read() == b"signed content"
+
+    expired = sandbox.download_url("shared.txt", use_signature_expiration=-10)
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(expired, timeout=30)
+    assert exc.value.code == 401
+    assert b"signature is already expired" in exc.value.read()
+
+    forged = url.replace("signature=v1_", "signature=v1_x")
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(forged, timeout=30)
+    assert exc.value.code == 401

@@ -170,3 +170,16 @@ def test_upload_larger_than_free_space_is_507(sandbox):
     assert not sandbox.files.exists("/dev/shm/streamed.bin")
     assert int(sandbox.commands.run("df --output=avail -B1 /dev/shm | tail -1").stdout) == free
     assert sandbox.commands.run("echo still ok").stdout == "still ok\n"
+
+
+def test_routing_by_host_header(server, sandbox):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/health", headers={"Host": f"49983-{sandbox.sandbox_id}.airlock.test"})
+    assert conn.getresponse().status == 204
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/health", headers={"Host": "49983-nosuchsandbox.airlock.test"})
+    resp = conn.getresponse()
+    assert resp.status == 502 and b"The sandbox was not found" in resp.read()
