@@ -66,6 +66,6 @@ VENV=${AIRLOCK_VENV:-"$(dirname "$0")/../.venv"}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import e2b, pytest' 2>/dev/null; then
+if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter, pytest' 2>/dev/null; then
   "$VENV/bin/pip" install -q -r "$(dirname "$0")/../tests/requirements.txt"
 fi
