@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite, one command: installs what is missing, builds, runs the Rust unit tests,
-# builds the `base` template (cached by content hash), then runs the integration tests: a real
-# `airlock serve` with real gVisor sandboxes, driven by the pinned e2b SDK from PyPI.
+# builds the `base` and `code-interpreter-v1` templates (cached by content hash), then runs the
+# integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
+# and e2b-code-interpreter SDKs from PyPI.
 #
 #   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default /var/tmp/airlock-test)
 #   PYTEST_ARGS            extra pytest arguments, e.g. "-k files -x"
@@ -15,8 +16,9 @@ echo "==> building"
 cargo build --release --bins --quiet
 echo "==> unit tests"
 cargo test --release --workspace --quiet
-echo "==> base template"
+echo "==> templates (cached by content hash; the first build takes a few minutes)"
 target/release/airlock --data-dir "$AIRLOCK_TEST_DATA_DIR" template build base
+target/release/airlock --data-dir "$AIRLOCK_TEST_DATA_DIR" template build code-interpreter-v1
 echo "==> integration tests"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}

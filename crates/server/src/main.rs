@@ -84,6 +84,24 @@ enum Command {
     /// Build and list templates (the root filesystems sandboxes start from).
     #[command(subcommand)]
     Template(cli::TemplateCommand),
+    /// Run code in a fresh sandbox's code interpreter and print the results. Images (charts)
+    /// are saved to files whose paths are printed. Exits 1 if the code raised an error.
+    Run {
+        /// Template with a code interpreter.
+        #[arg(long, default_value = "code-interpreter-v1")]
+        template: String,
+        /// Language of the code.
+        #[arg(long, default_value = "python", value_parser = ["python", "js", "javascript", "ts", "typescript", "bash"])]
+        lang: String,
+        /// Seconds the code may run.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Where images are saved.
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
+        /// File with the code, or `-` to read standard input.
+        source: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -128,6 +146,22 @@ async fn run(cli: Cli) -> ExitCode {
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Template(cmd) => cli::template(cmd, &cli.data_dir).await,
+        Command::Run {
+            template,
+            lang,
+            timeout,
+            out_dir,
+            source,
+        } => {
+            let opts = cli::RunOptions {
+                template,
+                language: lang,
+                timeout_secs: timeout,
+                out_dir,
+                source,
+            };
+            cli::run(client(), opts).await
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,197 @@
+"""The code interpreter through the pinned e2b-code-interpreter SDK, with real Jupyter kernels
+inside a `code-interpreter-v1` sandbox."""
+
+import base64
+import time
+
+import pytest
+from e2b import TimeoutException
+
+CI_TEMPLATE = "code-interpreter-v1"
+
+
+@pytest.fixture
+def ci(server):
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(CI_TEMPLATE, metadata={"suite": "code-interpreter"})
+    yield sbx
+    try:
+        sbx.kill()
+    except Exception:
+        pass
+
+
+def test_state_persists_across_calls(ci):
+    ci.run_code("x = 40")
+    execution = ci.run_code("x + 2")
+    assert execution.text == "42"
+    assert execution.error is None
+    assert ci.run_code("x").execution_count > 1
+
+
+def test_stdout_stderr_and_callbacks(ci):
+    out, err = [], []
+    execution = ci.run_code(
+        "import sys\nprint('hello')\nprint('oops', file=sys.stderr)",
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    assert execution.logs.stdout == ["hello\n"]
+    assert execution.logs.stderr == ["oops\n"]
+    assert [m.line for m in out] == ["hello\n"]
+    assert [m.line for m in err] == ["oops\n"]
+    assert out[0].timestamp
+
+
+def test_error_with_traceback(ci):
+    execution = ci.run_code("def f():\n    return 1 / 0\nf()")
+    assert execution.error is not None
+    assert execution.error.name == "ZeroDivisionError"
+    assert execution.error.value == "division by zero"
+    assert "f()" in execution.error.traceback
+    # The context is still usable.
+    assert ci.run_code("1 + 1").text == "2"
+
+
+def test_matplotlib_plot_comes_back_as_png_with_chart_data(ci):
+    execution = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [4, 5, 6], label='rising')\n"
+        "plt.title('A line')\n"
+        "plt.xlabel('x')\n"
+    )
+    assert execution.error is None
+    pngs = [r for r in execution.results if r.png]
+    assert len(pngs) == 1
+    assert base64.b64decode(pngs[0].png)[:8] == b"\x89PNG\r\n\x1a\n"
+    chart = pngs[0].chart
+    assert chart is not None
+    assert chart.type.value == "line"
+    assert chart.title == "A line"
+    assert chart.elements[0].label == "rising"
+
+
+def test_dataframe_comes_back_as_html_and_data(ci):
+    execution = ci.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+    assert execution.error is None
+    main = execution.results[0]
+    assert main.is_main_result
+    assert "<table" in main.html
+    assert main.data is not None
+
+
+def test_timeout_interrupts_and_the_context_survives(ci):
+    ci.run_code("survivor = 'still here'")
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        ci.run_code("import time\nwhile True: time.sleep(0.1)", timeout=3)
+    assert time.monotonic() - started < 30
+    assert ci.run_code("survivor").text == "still here"
+
+
+def test_contexts_are_isolated_and_can_restart(ci):
+    a = ci.create_code_context()
+    b = ci.create_code_context(cwd="/tmp")
+    ci.run_code("secret = 1", context=a)
+    assert ci.run_code("secret", context=b).error.name == "NameError"
+    assert ci.run_code("import os; os.getcwd()", context=b).text == "/tmp"
+    ids = [c.id for c in ci.list_code_contexts()]
+    assert a.id in ids and b.id in ids
+    languages = {c.language for c in ci.list_code_contexts()}
+    assert {"python", "javascript"} <= languages
+    ci.restart_code_context(a)
+    assert ci.run_code("secret", context=a).error.name == "NameError"
+    ci.remove_code_context(b)
+    assert b.id not in [c.id for c in ci.list_code_contexts()]
+
+
+def test_javascript_and_bash(ci):
+    js = ci.run_code("const n: number = 20 + 22; console.log(n)", language="js")
+    assert js.error is None, js.error
+    assert js.logs.stdout == ["42\n"]
+    bash = ci.run_code("echo from-bash; echo $((6 * 7))", language="bash")
+    assert bash.error is None
+    assert "".join(bash.logs.stdout) == "from-bash\n42\n"
+
+
+def test_env_vars_per_run_and_per_sandbox(server):
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(CI_TEMPLATE, envs={"GLOBAL_VAR": "g"})
+    try:
+        code = "import os; (os.environ.get('GLOBAL_VAR'), os.environ.get('RUN_VAR'))"
+        assert sbx.run_code(code, envs={"RUN_VAR": "r"}).text == "('g', 'r')"
+        assert sbx.run_code(code).text == "('g', None)"
+    finally:
+        sbx.kill()
+
+
+def test_files_api_and_code_share_the_filesystem(ci):
+    ci.files.write("data.csv", "name,score\nann,3\nbob,5\n")
+    execution = ci.run_code(
+        "import pandas as pd\n"
+        "df = pd.read_csv('data.csv')\n"
+        "df['score'].sum()"
+    )
+    assert execution.text == "8"
+    ci.run_code("df.to_csv('out.csv', index=False)")
+    assert ci.files.read("out.csv") == "name,score\nann,3\nbob,5\n"
+
+
+def test_unknown_language_and_context_are_clear_errors(ci):
+    from e2b import InvalidArgumentException, NotFoundException, SandboxException
+
+    with pytest.raises((InvalidArgumentException, SandboxException)) as exc:
+        ci.run_code("1", language="cobol")
+    assert "cobol" in str(exc.value)
+    from e2b_code_interpreter.models import Context
+
+    with pytest.raises(NotFoundException):
+        ci.run_code("1", context=Context(context_id="nope", language="python", cwd="/"))
+
+
+def test_output_flood_is_bounded(ci):
+    execution = ci.run_code("for _ in range(200_000): print('x' * 1000)", timeout=120)
+    total = sum(len(s) for s in execution.logs.stdout)
+    assert total < 64 * 1024 * 1024
+    assert any("truncated" in s for s in execution.logs.stderr)
+    assert ci.run_code("1 + 1").text == "2"
+
+
+def test_kernel_crash_is_reported_and_the_next_run_gets_a_fresh_kernel(ci):
+    ci.run_code("before = 1")
+    crashed = ci.run_code("import os; os._exit(1)")
+    assert crashed.error is not None
+    after = ci.run_code("1 + 1")
+    assert after.text == "2"
+    assert ci.run_code("before").error.name == "NameError"
+
+
+def test_airlock_run_prints_results_and_saves_images(server, tmp_path):
+    import subprocess
+
+    from conftest import AIRLOCK, API_KEY
+
+    script = tmp_path / "plot.py"
+    script.write_text(
+        "print('computing')\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.bar(['a', 'b'], [3, 5])\n"
+        "6 * 7\n"
+    )
+    base = [str(AIRLOCK), "--url", server.url, "--api-key", API_KEY, "run", "--out-dir", str(tmp_path)]
+    done = subprocess.run(base + [str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "computing" in done.stdout
+    assert "42" in done.stdout
+    saved = tmp_path / "result-1.png"
+    assert f"saved to {saved}" in done.stdout
+    assert saved.read_bytes()[:4] == b"\x89PNG"
+
+    failing = subprocess.run(base + ["-"], input="1/0\n", capture_output=True, text=True, timeout=300)
+    assert failing.returncode == 1
+    assert "ZeroDivisionError" in failing.stderr
+
+    bash = subprocess.run(base + ["--lang", "bash", "-"], input="echo hi-from-bash\n", capture_output=True, text=True, timeout=300)
+    assert bash.returncode == 0 and "hi-from-bash" in bash.stdout
