@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, one command: installs what is missing (runsc, debootstrap, the Python SDK), builds
-# Airlock, builds the `base` template (cached after the first time), starts the server and runs a
-# short demo through the stock E2B SDK. The server keeps running until you press Ctrl-C.
+# Airlock, builds the `base` and `code-interpreter-v1` templates (cached after the first time),
+# starts the server and runs a short demo through the stock E2B SDKs. The server keeps running
+# until you press Ctrl-C.
 #
 #   AIRLOCK_DATA_DIR  state, templates and sandboxes   (default /var/lib/airlock)
 #   AIRLOCK_LISTEN    address of the API and proxy     (default 127.0.0.1:3000)
@@ -15,8 +16,9 @@ LISTEN=${AIRLOCK_LISTEN:-127.0.0.1:3000}
 scripts/install-deps.sh
 echo "==> building Airlock"
 cargo build --release --bins --quiet
-echo "==> building the base template (first time: a few minutes)"
+echo "==> building the templates (first time: a few minutes; cached after that)"
 target/release/airlock --data-dir "$DATA_DIR" template build base
+target/release/airlock --data-dir "$DATA_DIR" template build code-interpreter-v1
 
 echo "==> starting the server"
 target/release/airlock --data-dir "$DATA_DIR" serve --listen "$LISTEN" &

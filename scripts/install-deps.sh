@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Airlock needs on a Debian 12 host: gVisor's runsc (from bookworm-backports),
-# debootstrap for template rootfs builds, iproute2/iptables for per-sandbox networking, and a
+# debootstrap for template rootfs builds, npm (to fetch Deno for the code interpreter),
+# iproute2/iptables for per-sandbox networking, and a
 # Python venv with the pinned e2b SDK for the demo and the integration tests.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -55,6 +56,8 @@ if ! command -v cargo >/dev/null; then
 fi
 add_backports
 apt_install debootstrap iproute2 iptables util-linux ca-certificates python3-venv curl
+# npm fetches Deno (the code interpreter's JavaScript kernel) from the npm registry at build time.
+command -v npm >/dev/null || apt_install npm
 if ! command -v runsc >/dev/null; then
   if [ "$APT_UPDATED" -eq 0 ]; then apt-get update -qq; APT_UPDATED=1; fi
   echo "airlock: installing runsc from bookworm-backports"

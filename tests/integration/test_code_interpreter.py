@@ -132,7 +132,7 @@ def test_files_api_and_code_share_the_filesystem(ci):
     execution = ci.run_code(
         "import pandas as pd\n"
         "df = pd.read_csv('data.csv')\n"
-        "df['score'].sum()"
+        "int(df['score'].sum())"
     )
     assert execution.text == "8"
     ci.run_code("df.to_csv('out.csv', index=False)")
@@ -195,3 +195,16 @@ def test_airlock_run_prints_results_and_saves_images(server, tmp_path):
 
     bash = subprocess.run(base + ["--lang", "bash", "-"], input="echo hi-from-bash\n", capture_output=True, text=True, timeout=300)
     assert bash.returncode == 0 and "hi-from-bash" in bash.stdout
+
+
+def test_killing_the_sandbox_mid_run_ends_the_stream(ci):
+    import threading
+
+    from e2b import Sandbox as BaseSandbox
+
+    threading.Timer(3.0, lambda: BaseSandbox.kill(ci.sandbox_id)).start()
+    started = time.monotonic()
+    with pytest.raises(TimeoutException) as exc:
+        ci.run_code("import time\ntime.sleep(120)")
+    assert "killed" in str(exc.value)
+    assert time.monotonic() - started < 60

@@ -8,6 +8,7 @@
 mod auth;
 mod files;
 mod fs;
+mod interpreter;
 mod process;
 mod rpc;
 mod state;
@@ -94,7 +95,9 @@ async fn main() {
             eprintln!("airlock-agent: cannot detach stdio: {e}");
         }
     }
-    let app = router(Agent::new());
+    let agent = Agent::new();
+    tokio::spawn(interpreter::serve(agent.clone()));
+    let app = router(agent);
     if let Err(e) = axum::serve(listener, app).await {
         eprintln!("airlock-agent: server failed: {e}");
         std::process::exit(1);

@@ -117,7 +117,7 @@ pub struct Lifecycle {
     limits: Limits,
     live: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
     /// Slots handed out, including those of sandboxes still starting or being destroyed.
-    slots: Arc<Mutex<Vec<bool>>>,
+    slots: Arc<Mutex<Slots>>,
     /// Destroys running in the background (a kill answers before the host cleanup is done).
     destroying: TaskTracker,
 }
@@ -139,7 +139,7 @@ impl Lifecycle {
             agent,
             limits,
             live: Mutex::new(HashMap::new()),
-            slots: Arc::new(Mutex::new(Vec::new())),
+            slots: Arc::new(Mutex::new(Slots::default())),
             destroying: TaskTracker::new(),
         })
     }
@@ -152,20 +152,26 @@ impl Lifecycle {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Hands out slots round-robin: an address comes back only after every other slot was used.
+    /// A dead sandbox's netstack never closes the connections that were open to it, so clients
+    /// (the proxy's pool among them) must not find a new sandbox at a recently used address.
     fn take_slot(&self) -> Result<u32, LifecycleError> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let used = slots.iter().filter(|s| **s).count();
+        let used = slots.used.iter().filter(|s| **s).count();
         if used >= self.limits.max_sandboxes {
             return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
         }
-        let slot = match slots.iter().position(|s| !*s) {
-            Some(free) => free,
-            None => {
-                slots.push(false);
-                slots.len() - 1
-            }
-        };
-        slots[slot] = true;
+        let total = SlotAddrs::MAX_SLOTS as usize;
+        let start = slots.next;
+        let slot = (0..total)
+            .map(|i| (start + i) % total)
+            .find(|&s| !slots.used.get(s).copied().unwrap_or(false))
+            .ok_or(LifecycleError::Capacity(total))?;
+        if slots.used.len() <= slot {
+            slots.used.resize(slot + 1, false);
+        }
+        slots.used[slot] = true;
+        slots.next = (slot + 1) % total;
         Ok(slot as u32)
     }
 
@@ -409,13 +415,20 @@ impl Lifecycle {
     }
 }
 
-fn mark_slot(slots: &Mutex<Vec<bool>>, slot: u32, used: bool) {
+/// Which network slots are taken, and where the round-robin search goes on.
+#[derive(Default)]
+struct Slots {
+    used: Vec<bool>,
+    next: usize,
+}
+
+fn mark_slot(slots: &Mutex<Slots>, slot: u32, used: bool) {
     let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
     let i = slot as usize;
-    if slots.len() <= i {
-        slots.resize(i + 1, false);
+    if slots.used.len() <= i {
+        slots.used.resize(i + 1, false);
     }
-    slots[i] = used;
+    slots.used[i] = used;
 }
 
 #[derive(Debug, Default)]
@@ -522,7 +535,7 @@ mod tests {
         lc.settle().await;
         assert_eq!(store.sandboxes().unwrap().len(), 1);
         let c = lc.create(params()).await.unwrap();
-        assert_eq!(c.record().slot, 0, "a freed slot is reused");
+        assert_eq!(c.record().slot, 2, "a freed slot is not reused at once");
     }
 
     #[tokio::test]

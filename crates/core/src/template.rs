@@ -5,14 +5,16 @@
 //! exactly that, and [`build`] keeps each result at `{templates_dir}/{name}-{hash}/rootfs`, so
 //! an unchanged recipe is a cache hit and a changed one gets a fresh directory.
 //!
-//! A build runs `debootstrap` into `{name}-{hash}.partial`, runs the setup script in a `chroot`
-//! there (build time, trusted input), writes the `complete` marker and only then renames the
-//! directory into place. A crash at any point leaves either a `.partial` directory, which the next
-//! build removes, or a finished template: never a half-built one under the final name.
+//! A build runs `debootstrap` into `{name}-{hash}.partial`, writes the recipe's files, installs
+//! its npm-packaged binaries (fetched on the host with `npm pack`), runs the setup script in a
+//! `chroot` there (build time, trusted input), writes the `complete` marker and only then renames
+//! the directory into place. A crash at any point leaves either a `.partial` directory, which the
+//! next build removes, or a finished template: never a half-built one under the final name.
 
 use crate::ids::TemplateName;
 use crate::store::{Store, StoreError, TemplateRecord};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -83,6 +85,97 @@ apt-get clean
 rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 "#;
 
+/// `code-interpreter-v1` (the name `e2b_code_interpreter` asks for): `base` plus Jupyter kernels
+/// for Python (ipykernel, with the scientific stack), Bash (bash_kernel) and TypeScript/JavaScript
+/// (Deno), and the IPython start-up script that adds E2B's `e2b/chart` and `e2b/data` outputs.
+pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
+
+/// `python3-pip` installs the pinned wheels; `python-is-python3` gives generated code its
+/// `python`. The rest of the Python stack comes from PyPI, pinned in `requirements.txt`.
+const CODE_INTERPRETER_PACKAGES: &[&str] = &["python-is-python3", "python3-pip"];
+
+/// The code interpreter's files, embedded: (path in the rootfs, mode, contents). The kernelspecs
+/// are staged under `/usr/local/lib/airlock/kernels` and moved into place by the setup script
+/// after pip has run, because ipykernel's wheel installs a `python3` kernelspec of its own there.
+const CODE_INTERPRETER_FILES: &[(&str, u32, &str)] = &[
+    (
+        "/usr/local/lib/airlock/ipython_startup.py",
+        0o644,
+        include_str!("../templates/code-interpreter/ipython_startup.py"),
+    ),
+    (
+        "/usr/local/lib/airlock/requirements.txt",
+        0o644,
+        include_str!("../templates/code-interpreter/requirements.txt"),
+    ),
+    (
+        "/usr/local/lib/airlock/kernels/python3/kernel.json",
+        0o644,
+        include_str!("../templates/code-interpreter/kernels/python3/kernel.json"),
+    ),
+    (
+        "/usr/local/lib/airlock/kernels/bash/kernel.json",
+        0o644,
+        include_str!("../templates/code-interpreter/kernels/bash/kernel.json"),
+    ),
+    (
+        "/usr/local/lib/airlock/kernels/deno/kernel.json",
+        0o644,
+        include_str!("../templates/code-interpreter/kernels/deno/kernel.json"),
+    ),
+];
+
+/// Deno, the JavaScript/TypeScript kernel: one binary that needs only glibc, shipped by npm as a
+/// platform package, so the sandbox needs no Node. `sha512` is the tarball's: npm's
+/// `dist.integrity`, in hex.
+const DENO: NpmBinary = NpmBinary {
+    package: Cow::Borrowed("@deno/linux-x64-glibc"),
+    version: Cow::Borrowed("2.9.6"),
+    sha512: Cow::Borrowed(
+        "de67784ca2c2bb3b0b0e67cea02e4a37b34065ac525643209bae2f83a7e80f4d\
+         090400c2a584b6ff942a5dfce09cfe59433de22cff6f05026d120735d7a380a1",
+    ),
+    path: Cow::Borrowed("deno"),
+    dest: Cow::Borrowed("/usr/local/bin/deno"),
+};
+
+/// Runs after [`BASE_SETUP`] in the same shell. pip installs the locked closure (hashes checked,
+/// wheels only, no resolver) as root into `/usr/local`. `EXTERNALLY-MANAGED` goes so that a plain
+/// `pip install` works as it does in E2B's image; as `user` it falls back to `~/.local`, which
+/// exists from the start so that a running kernel sees what it installs.
+const CODE_INTERPRETER_SETUP: &str = r#"
+export HOME=/root
+export SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+export REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore
+rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
+python3 -m pip install --no-deps --require-hashes --only-binary=:all: --progress-bar off \
+    -r /usr/local/lib/airlock/requirements.txt
+python3 -m pip check
+python3 -c 'import bash_kernel, ipykernel, matplotlib, numpy, openpyxl, pandas, seaborn, sklearn'
+/usr/local/bin/deno --version
+# ipykernel's wheel brought a python3 kernelspec; ours replace it.
+rm -rf /usr/local/share/jupyter/kernels
+mkdir -p /usr/local/share/jupyter
+mv /usr/local/lib/airlock/kernels /usr/local/share/jupyter/kernels
+cat >> /etc/environment <<'EOF'
+PIP_DISABLE_PIP_VERSION_CHECK=1
+DENO_NO_UPDATE_CHECK=1
+EOF
+cat >> /etc/profile.d/airlock.sh <<'EOF'
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+export DENO_NO_UPDATE_CHECK=1
+EOF
+# user's `pip install --user` target, there before any kernel starts; and matplotlib's font
+# cache, built once here rather than on each sandbox's first plot.
+user_site=$(HOME=/home/user python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$user_site"
+HOME=/home/user MPLBACKEND=Agg python3 -c 'import matplotlib.pyplot'
+chown -R user:user /home/user
+rm -rf /root/.cache /root/.config /tmp/* /var/tmp/*
+"#;
+
 /// Everything that determines a template's root filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recipe {
@@ -98,6 +191,35 @@ pub struct Recipe {
     pub setup_script: String,
     /// Copied over the rootfs's `/etc/ssl/certs/ca-certificates.crt`; `None` if the host has none.
     pub ca_bundle: Option<Vec<u8>>,
+    /// Written into the rootfs after debootstrap, before the setup script runs.
+    pub files: Vec<RecipeFile>,
+    /// Executables taken from npm packages on the host, installed before the setup script runs.
+    pub npm_binaries: Vec<NpmBinary>,
+}
+
+/// A file the recipe puts into the rootfs (owned by root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipeFile {
+    /// Absolute path inside the rootfs. Missing parent directories are created with mode 0755.
+    pub path: String,
+    pub mode: u32,
+    pub contents: Vec<u8>,
+}
+
+/// An executable shipped inside an npm package, fetched with `npm pack` on the host (so the
+/// rootfs needs no Node) and checked against a pinned digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpmBinary {
+    /// e.g. `@deno/linux-x64-glibc`.
+    pub package: Cow<'static, str>,
+    /// An exact version.
+    pub version: Cow<'static, str>,
+    /// SHA-512 of the package tarball, hex (npm's `dist.integrity`, decoded).
+    pub sha512: Cow<'static, str>,
+    /// Path of the executable inside the package (below the tarball's `package/`).
+    pub path: Cow<'static, str>,
+    /// Absolute path inside the rootfs; installed with mode 0755.
+    pub dest: Cow<'static, str>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +238,8 @@ pub enum TemplateError {
     },
     #[error("could not record template in the store")]
     Store(#[source] StoreError),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TemplateError {
@@ -135,10 +259,37 @@ pub fn recipe(name: &TemplateName) -> Option<Recipe> {
             packages: BASE_PACKAGES.iter().map(|p| (*p).to_owned()).collect(),
             setup_script: BASE_SETUP.into(),
             ca_bundle: std::fs::read(HOST_CA_BUNDLE).ok(),
+            files: Vec::new(),
+            npm_binaries: Vec::new(),
+        }),
+        CODE_INTERPRETER => Some(Recipe {
+            name: name.clone(),
+            suite: "bookworm".into(),
+            variant: "minbase".into(),
+            mirror: host_mirror("bookworm"),
+            packages: BASE_PACKAGES
+                .iter()
+                .chain(CODE_INTERPRETER_PACKAGES)
+                .map(|p| (*p).to_owned())
+                .collect(),
+            setup_script: format!("{BASE_SETUP}{CODE_INTERPRETER_SETUP}"),
+            ca_bundle: std::fs::read(HOST_CA_BUNDLE).ok(),
+            files: CODE_INTERPRETER_FILES
+                .iter()
+                .map(|(path, mode, contents)| RecipeFile {
+                    path: (*path).to_owned(),
+                    mode: *mode,
+                    contents: contents.as_bytes().to_vec(),
+                })
+                .collect(),
+            npm_binaries: vec![DENO],
         }),
         _ => None,
     }
 }
+
+/// The names [`recipe`] knows, for messages.
+pub const KNOWN_TEMPLATES: &[&str] = &["base", CODE_INTERPRETER];
 
 /// SHA-256 (hex) over every recipe field that shapes the output, plus [`RECIPE_FORMAT`].
 /// The name is left out: two names with one recipe would build the same bytes.
@@ -161,6 +312,24 @@ pub fn content_hash(recipe: &Recipe) -> String {
     match &recipe.ca_bundle {
         Some(ca) => field(ca),
         None => field(b"\0no-ca"),
+    }
+    // Fields added after format 1 are hashed only when used, so recipes without them (`base`)
+    // keep the hashes, and the caches, they had.
+    if !recipe.files.is_empty() || !recipe.npm_binaries.is_empty() {
+        field(b"files");
+        field(&(recipe.files.len() as u64).to_le_bytes());
+        for f in &recipe.files {
+            field(f.path.as_bytes());
+            field(&f.mode.to_le_bytes());
+            field(&f.contents);
+        }
+        field(b"npm_binaries");
+        field(&(recipe.npm_binaries.len() as u64).to_le_bytes());
+        for b in &recipe.npm_binaries {
+            for part in [&b.package, &b.version, &b.sha512, &b.path, &b.dest] {
+                field(part.as_bytes());
+            }
+        }
     }
     hex::encode(h.finalize())
 }
@@ -315,6 +484,26 @@ pub async fn build(
             .map_err(io_err(format!("writing {}", dest.display())))?;
     }
 
+    for file in &recipe.files {
+        progress(&format!("template {name}: writing {}", file.path));
+        write_file(&partial_rootfs, file).await?;
+    }
+
+    // npm's downloads go next to the rootfs, never into it, and are gone before the rename.
+    let work = partial.join("work");
+    for bin in &recipe.npm_binaries {
+        progress(&format!(
+            "template {name}: {}@{} -> {}",
+            bin.package, bin.version, bin.dest
+        ));
+        install_npm_binary(bin, &work, &partial_rootfs, progress).await?;
+    }
+    if work.exists() {
+        tokio::fs::remove_dir_all(&work)
+            .await
+            .map_err(io_err(format!("removing {}", work.display())))?;
+    }
+
     progress(&format!("template {name}: running setup"));
     let mut setup = Command::new("chroot");
     setup
@@ -343,6 +532,156 @@ pub async fn build(
         record.size_bytes / 1_000_000
     ));
     Ok(record)
+}
+
+/// `path` (absolute, inside the rootfs) as a host path under `rootfs`. Refuses `.` and `..`
+/// components and existing symlinks on the way: an absolute symlink in the rootfs would
+/// otherwise resolve into the host.
+fn rootfs_path(rootfs: &Path, path: &str) -> Result<PathBuf, TemplateError> {
+    let invalid = || TemplateError::Invalid(format!("bad path for a template file: {path:?}"));
+    let rel = path.strip_prefix('/').ok_or_else(invalid)?;
+    let mut out = rootfs.to_path_buf();
+    for part in rel.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(invalid());
+        }
+        out.push(part);
+        if std::fs::symlink_metadata(&out).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(invalid());
+        }
+    }
+    Ok(out)
+}
+
+/// Creates the missing parents of `target` (a path below `rootfs`), each with mode 0755
+/// whatever the umask.
+async fn create_parents(rootfs: &Path, target: &Path) -> Result<(), TemplateError> {
+    let mut missing = Vec::new();
+    let mut dir = target.parent();
+    while let Some(d) = dir {
+        if d == rootfs || d.exists() {
+            break;
+        }
+        missing.push(d.to_path_buf());
+        dir = d.parent();
+    }
+    for d in missing.iter().rev() {
+        tokio::fs::create_dir(d)
+            .await
+            .map_err(io_err(format!("creating {}", d.display())))?;
+        set_mode(d, 0o755).await?;
+    }
+    Ok(())
+}
+
+async fn set_mode(path: &Path, mode: u32) -> Result<(), TemplateError> {
+    use std::os::unix::fs::PermissionsExt;
+    tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .await
+        .map_err(io_err(format!("chmod {}", path.display())))
+}
+
+async fn write_file(rootfs: &Path, file: &RecipeFile) -> Result<(), TemplateError> {
+    let dest = rootfs_path(rootfs, &file.path)?;
+    create_parents(rootfs, &dest).await?;
+    tokio::fs::write(&dest, &file.contents)
+        .await
+        .map_err(io_err(format!("writing {}", dest.display())))?;
+    set_mode(&dest, file.mode).await
+}
+
+/// `npm pack`s the package into a fresh directory under `work` (on the host, outside the
+/// rootfs), checks the tarball's SHA-512, unpacks the one file and copies it into the rootfs.
+async fn install_npm_binary(
+    bin: &NpmBinary,
+    work: &Path,
+    rootfs: &Path,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), TemplateError> {
+    let spec = format!("{}@{}", bin.package, bin.version);
+    let dest = rootfs_path(rootfs, &bin.dest)?;
+    if bin
+        .path
+        .split('/')
+        .any(|p| p.is_empty() || p == "." || p == "..")
+    {
+        return Err(TemplateError::Invalid(format!(
+            "{spec}: bad path in the package: {:?}",
+            bin.path
+        )));
+    }
+    let member = format!("package/{}", bin.path);
+
+    let dir = work.join(hex::encode(Sha256::digest(spec.as_bytes())));
+    if dir.exists() {
+        tokio::fs::remove_dir_all(&dir)
+            .await
+            .map_err(io_err(format!("removing {}", dir.display())))?;
+    }
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(io_err(format!("creating {}", dir.display())))?;
+
+    let mut pack = Command::new("npm");
+    pack.args(["pack", "--ignore-scripts", "--pack-destination"])
+        .arg(&dir)
+        .arg(&spec)
+        .current_dir(&dir);
+    run_streaming(&format!("npm pack {spec}"), &mut pack, progress).await?;
+
+    let mut tarballs = Vec::new();
+    let mut entries = tokio::fs::read_dir(&dir)
+        .await
+        .map_err(io_err(format!("listing {}", dir.display())))?;
+    while let Some(e) = entries
+        .next_entry()
+        .await
+        .map_err(io_err(format!("listing {}", dir.display())))?
+    {
+        if e.file_name().to_string_lossy().ends_with(".tgz") {
+            tarballs.push(e.path());
+        }
+    }
+    let [tarball] = tarballs.as_slice() else {
+        return Err(TemplateError::Invalid(format!(
+            "npm pack {spec} left {} tarballs in {}",
+            tarballs.len(),
+            dir.display()
+        )));
+    };
+    let bytes = tokio::fs::read(tarball)
+        .await
+        .map_err(io_err(format!("reading {}", tarball.display())))?;
+    let digest = hex::encode(sha2::Sha512::digest(&bytes));
+    drop(bytes);
+    if !digest.eq_ignore_ascii_case(&bin.sha512) {
+        return Err(TemplateError::Invalid(format!(
+            "{spec}: the tarball's SHA-512 is {digest}, the recipe pins {}",
+            bin.sha512
+        )));
+    }
+
+    let mut untar = Command::new("tar");
+    untar
+        .arg("-xzf")
+        .arg(tarball)
+        .arg("-C")
+        .arg(&dir)
+        .args(["--no-same-owner", "--no-same-permissions"])
+        .arg(&member);
+    run_streaming(&format!("unpacking {spec}"), &mut untar, progress).await?;
+
+    create_parents(rootfs, &dest).await?;
+    let from = dir.join(&member);
+    tokio::fs::copy(&from, &dest).await.map_err(io_err(format!(
+        "copying {} to {}",
+        from.display(),
+        dest.display()
+    )))?;
+    set_mode(&dest, 0o755).await?;
+    tokio::fs::remove_dir_all(&dir)
+        .await
+        .map_err(io_err(format!("removing {}", dir.display())))
 }
 
 /// Runs `cmd`, passing each line of its stdout and stderr to `progress` as it comes.
@@ -477,6 +816,184 @@ mod tests {
     #[test]
     fn unknown_templates_have_no_recipe() {
         assert!(recipe(&TemplateName::parse("nope").unwrap()).is_none());
+    }
+
+    fn code_interpreter() -> Recipe {
+        recipe(&TemplateName::parse(CODE_INTERPRETER).unwrap()).unwrap()
+    }
+
+    /// `base`'s hash, with the host-dependent fields fixed, as format 1 computed it before
+    /// recipes had files and npm binaries. Built `base` caches stay valid only while this holds.
+    #[test]
+    fn base_hash_is_unchanged_by_the_newer_fields() {
+        let mut r = base();
+        assert!(r.files.is_empty() && r.npm_binaries.is_empty());
+        r.mirror = DEFAULT_MIRROR.into();
+        r.ca_bundle = None;
+        assert_eq!(
+            content_hash(&r),
+            "010f76f6a879ef867b32427254b96c98fe2af9d67ea204d2e719211b886ff688"
+        );
+        r.ca_bundle = Some(b"test-ca".to_vec());
+        assert_eq!(
+            content_hash(&r),
+            "bb8bf98f4d4a7181ad05ce852f003eeb0c125e0f77ad4d58df1c3bb2912053ca"
+        );
+    }
+
+    #[test]
+    fn files_and_npm_binaries_are_hashed() {
+        let ci = code_interpreter();
+        let h = content_hash(&ci);
+        assert_ne!(h, content_hash(&base()));
+
+        let mut edited = ci.clone();
+        edited.files[0].contents.push(b'\n');
+        assert_ne!(h, content_hash(&edited));
+        let mut mode = ci.clone();
+        mode.files[0].mode = 0o600;
+        assert_ne!(h, content_hash(&mode));
+        let mut deno = ci.clone();
+        deno.npm_binaries[0].version = "2.9.5".into();
+        assert_ne!(h, content_hash(&deno));
+        let mut no_files = ci.clone();
+        no_files.files.clear();
+        assert_ne!(h, content_hash(&no_files));
+        // Moving bytes between a file's path and its contents changes the hash too.
+        let mut a = ci.clone();
+        a.files = vec![RecipeFile {
+            path: "/ab".into(),
+            mode: 0o644,
+            contents: b"c".to_vec(),
+        }];
+        let mut b = a.clone();
+        b.files[0].path = "/a".into();
+        b.files[0].contents = b"bc".to_vec();
+        assert_ne!(content_hash(&a), content_hash(&b));
+    }
+
+    #[test]
+    fn code_interpreter_is_base_plus() {
+        let (b, ci) = (base(), code_interpreter());
+        assert!(KNOWN_TEMPLATES.contains(&CODE_INTERPRETER));
+        assert!(ci.setup_script.starts_with(&b.setup_script));
+        assert!(b.packages.iter().all(|p| ci.packages.contains(p)));
+        assert!(ci.packages.iter().any(|p| p == "python3-pip"));
+        assert_eq!((&ci.suite, &ci.variant), (&b.suite, &b.variant));
+        for f in &ci.files {
+            rootfs_path(Path::new("/nonexistent-rootfs"), &f.path).unwrap();
+        }
+        let deno = &ci.npm_binaries[0];
+        assert_eq!(deno.sha512.len(), 128);
+        assert!(deno.sha512.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    fn file<'a>(r: &'a Recipe, path: &str) -> &'a [u8] {
+        &r.files.iter().find(|f| f.path == path).unwrap().contents
+    }
+
+    #[test]
+    fn kernelspecs() {
+        let ci = code_interpreter();
+        let spec = |name: &str| -> serde_json::Value {
+            let path = format!("/usr/local/lib/airlock/kernels/{name}/kernel.json");
+            serde_json::from_slice(file(&ci, &path)).unwrap()
+        };
+        let argv = |v: &serde_json::Value| -> Vec<String> {
+            serde_json::from_value(v["argv"].clone()).unwrap()
+        };
+
+        let py = spec("python3");
+        assert_eq!(py["language"], "python");
+        assert_eq!(
+            argv(&py),
+            [
+                "/usr/bin/python3",
+                "-m",
+                "ipykernel_launcher",
+                "-f",
+                "{connection_file}",
+                "--IPKernelApp.exec_files=/usr/local/lib/airlock/ipython_startup.py"
+            ]
+        );
+        // The script the kernel runs is one the recipe installs.
+        file(&ci, "/usr/local/lib/airlock/ipython_startup.py");
+
+        let bash = spec("bash");
+        assert_eq!(bash["language"], "bash");
+        assert_eq!(
+            argv(&bash)[1..],
+            ["-m", "bash_kernel", "-f", "{connection_file}"]
+        );
+
+        let deno = spec("deno");
+        assert_eq!(deno["language"], "typescript");
+        assert_eq!(argv(&deno)[0], ci.npm_binaries[0].dest);
+        assert_eq!(
+            argv(&deno)[1..],
+            ["jupyter", "--kernel", "--conn", "{connection_file}"]
+        );
+    }
+
+    #[test]
+    fn python_packages_are_pinned_with_hashes() {
+        let ci = code_interpreter();
+        let text = String::from_utf8(file(&ci, "/usr/local/lib/airlock/requirements.txt").to_vec())
+            .unwrap();
+        let mut pins = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if let Some(hash) = line.trim().strip_prefix("--hash=sha256:") {
+                assert_eq!(hash.len(), 64, "{line}");
+            } else {
+                let (name, version) = line.trim_end_matches(" \\").split_once("==").unwrap();
+                assert!(
+                    !version.is_empty() && !version.contains(['*', ' ']),
+                    "{line}"
+                );
+                pins.push(name.to_owned());
+            }
+        }
+        assert_eq!(text.matches("--hash=sha256:").count(), pins.len());
+        for top in [
+            "ipykernel",
+            "numpy",
+            "pandas",
+            "matplotlib",
+            "seaborn",
+            "openpyxl",
+            "scikit-learn",
+            "bash-kernel",
+            "jupyter-client",
+        ] {
+            assert!(pins.iter().any(|p| p == top), "{top} is not pinned");
+        }
+    }
+
+    #[tokio::test]
+    async fn files_stay_inside_the_rootfs() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for bad in ["relative", "/a/../b", "/a//b", "/a/./b", "/"] {
+            assert!(rootfs_path(root, bad).is_err(), "{bad}");
+        }
+        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
+        assert!(rootfs_path(root, "/link/passwd").is_err());
+
+        let f = RecipeFile {
+            path: "/usr/local/lib/x/y.txt".into(),
+            mode: 0o640,
+            contents: b"hi".to_vec(),
+        };
+        write_file(root, &f).await.unwrap();
+        let p = root.join("usr/local/lib/x/y.txt");
+        assert_eq!(std::fs::read(&p).unwrap(), b"hi");
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
+            0o640
+        );
+        let d = std::fs::metadata(root.join("usr/local")).unwrap();
+        assert_eq!(d.permissions().mode() & 0o7777, 0o755);
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub enum TemplateCommand {
     /// List built templates.
     Ls,
     /// Build a template's root filesystem (needs root; reuses the cache when nothing changed).
-    /// Known templates: base.
+    /// Known templates: base, code-interpreter-v1.
     Build { name: String },
 }
 
@@ -133,8 +133,14 @@ impl Client {
     }
 
     /// Sends an API call with a JSON body and returns the body of a 2xx answer.
-    async fn call_json(&self, method: &str, path: &str, body: &serde_json::Value) -> Result<Vec<u8>, CliError> {
-        self.call_with(method, path, Body::from(body.to_string())).await
+    async fn call_json(
+        &self,
+        method: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<Vec<u8>, CliError> {
+        self.call_with(method, path, Body::from(body.to_string()))
+            .await
     }
 
     async fn call_with(&self, method: &str, path: &str, body: Body) -> Result<Vec<u8>, CliError> {
@@ -470,33 +476,50 @@ async fn execute(
     let req = req
         .body(Body::from(body.to_string()))
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let code_failed = tokio::time::timeout(std::time::Duration::from_secs(opts.timeout_secs), async {
-        let resp = client.send(req).await?;
-        let status = resp.status();
-        let mut body = resp.into_body();
-        if !status.is_success() {
-            let text = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            return Err(CliError::Failed(format!(
-                "the code interpreter answered {status}: {}",
-                String::from_utf8_lossy(&text).trim()
-            )));
-        }
-        let mut printer = ResultPrinter::new(&opts.out_dir);
-        let mut pending = Vec::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
-            let Some(chunk) = frame.data_ref() else { continue };
-            pending.extend_from_slice(chunk);
-            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=end).collect();
-                printer.handle(&line)?;
+    let code_failed =
+        tokio::time::timeout(std::time::Duration::from_secs(opts.timeout_secs), async {
+            let resp = client.send(req).await?;
+            let status = resp.status();
+            let mut body = resp.into_body();
+            if !status.is_success() {
+                let text = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                return Err(CliError::Failed(format!(
+                    "the code interpreter answered {status}: {}",
+                    String::from_utf8_lossy(&text).trim()
+                )));
             }
-        }
-        Ok(printer.failed)
+            let mut printer = ResultPrinter::new(&opts.out_dir);
+            let mut pending = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let frame =
+                    frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
+                let Some(chunk) = frame.data_ref() else {
+                    continue;
+                };
+                pending.extend_from_slice(chunk);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    printer.handle(&line)?;
+                }
+            }
+            Ok(printer.failed)
+        })
+        .await
+        .map_err(|_| {
+            CliError::Failed(format!(
+                "the code did not finish within {}s",
+                opts.timeout_secs
+            ))
+        })??;
+    Ok(if code_failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     })
-    .await
-    .map_err(|_| CliError::Failed(format!("the code did not finish within {}s", opts.timeout_secs)))??;
-    Ok(if code_failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// Prints one `/execute` event at a time; images go to files.
@@ -518,8 +541,18 @@ impl<'a> ResultPrinter<'a> {
     fn handle(&mut self, line: &[u8]) -> Result<(), CliError> {
         let event: serde_json::Value = serde_json::from_slice(line)
             .map_err(|e| CliError::Failed(format!("unexpected output line: {e}")))?;
-        let text = |key: &str| event.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
-        match event.get("type").and_then(|t| t.as_str()).unwrap_or_default() {
+        let text = |key: &str| {
+            event
+                .get(key)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        match event
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or_default()
+        {
             "stdout" => {
                 print!("{}", text("text"));
                 let _ = std::io::stdout().flush();
@@ -538,8 +571,15 @@ impl<'a> ResultPrinter<'a> {
 
     fn result(&mut self, event: &serde_json::Value) -> Result<(), CliError> {
         let mut saved_any = false;
-        for (key, ext, base64) in [("png", "png", true), ("jpeg", "jpg", true), ("svg", "svg", false), ("pdf", "pdf", true)] {
-            let Some(data) = event.get(key).and_then(|v| v.as_str()) else { continue };
+        for (key, ext, base64) in [
+            ("png", "png", true),
+            ("jpeg", "jpg", true),
+            ("svg", "svg", false),
+            ("pdf", "pdf", true),
+        ] {
+            let Some(data) = event.get(key).and_then(|v| v.as_str()) else {
+                continue;
+            };
             let bytes = if base64 {
                 base64::engine::general_purpose::STANDARD
                     .decode(data.trim())

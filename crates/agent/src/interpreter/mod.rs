@@ -1,0 +1,55 @@
+//! The code-interpreter server on port 49999: E2B's Jupyter protocol (`POST /execute` streaming
+//! NDJSON, `/contexts` CRUD), served by driving real Jupyter kernels over ZeroMQ.
+//!
+//! * `kernelspec` finds the template's kernels and maps a request's language to one.
+//! * `kernel` starts a kernel process as the sandbox user and runs code in it: output, results,
+//!   errors, interrupts when the client leaves, crashes.
+//! * `contexts` keeps the contexts (a kernel each, one run at a time, replaced when it dies).
+//! * `envcode` keeps kernels' env vars in line with the sandbox's and a run's own.
+//! * `events` is the NDJSON stream with its bounds; `api` the HTTP routes.
+//!
+//! A template without kernelspecs (e.g. `base`) gets no listener at all, so the sandbox proxy
+//! answers that the port is not open.
+
+mod api;
+mod contexts;
+mod envcode;
+mod events;
+mod kernel;
+mod kernelspec;
+
+use crate::state::AgentState;
+use std::net::SocketAddr;
+
+/// The port E2B's SDK sends Jupyter traffic to.
+pub const PORT: u16 = 49999;
+/// Overrides [`PORT`] (host runs next to another server).
+pub const PORT_ENV: &str = "AIRLOCK_INTERPRETER_PORT";
+
+/// Serves the code interpreter when the template has kernels; returns at once when it has none.
+/// Failing to listen is logged, not fatal: envd goes on without it.
+pub async fn serve(agent: AgentState) {
+    let specs = kernelspec::Kernelspecs::discover();
+    if specs.is_empty() {
+        tracing::info!("no Jupyter kernelspecs: the code interpreter is off");
+        return;
+    }
+    tracing::info!("code interpreter kernels: {}", specs.names().join(", "));
+    let port = std::env::var(PORT_ENV)
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(PORT);
+    let addr = SocketAddr::from(([0, 0, 0, 0], port));
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("code interpreter: cannot listen on {addr}: {e}");
+            return;
+        }
+    };
+    let interpreter = contexts::Interpreter::new(agent, specs);
+    interpreter.start_defaults();
+    if let Err(e) = axum::serve(listener, api::router(interpreter)).await {
+        tracing::error!("code interpreter: server failed: {e}");
+    }
+}
