@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from harness import Server, free_port, use_server  # noqa: E402
+from harness import start_server  # noqa: E402
 from startup import summary  # noqa: E402
 
 PANDAS_CODE = "import pandas as pd; pd.DataFrame({'a': [1]}).shape"
@@ -27,9 +27,7 @@ def main():
     ap.add_argument("--data-dir", default="/var/tmp/airlock-bench")
     args = ap.parse_args()
 
-    srv = Server(Path(args.data_dir), free_port())
-    srv.start()
-    use_server(srv)
+    srv = start_server(Path(args.data_dir))
     from e2b_code_interpreter import Sandbox
 
     try:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from harness import Server, free_port, use_server  # noqa: E402
+from harness import start_server  # noqa: E402
 
 
 def pct(values, p):
@@ -76,9 +76,7 @@ def main():
     ap.add_argument("--data-dir", default="/var/tmp/airlock-bench")
     args = ap.parse_args()
 
-    srv = Server(Path(args.data_dir), free_port())
-    srv.start()
-    use_server(srv)
+    srv = start_server(Path(args.data_dir))
     from e2b import Sandbox
 
     try:

@@ -88,3 +88,12 @@ def use_server(srv: Server):
     """Points the e2b SDK (via its environment variables) at `srv`."""
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
     os.environ.pop("E2B_DEBUG", None)
+
+
+def start_server(data_dir: Path) -> Server:
+    """Starts `airlock serve` on a free port over `data_dir` and points the SDK at it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    srv = Server(data_dir, free_port())
+    srv.start()
+    use_server(srv)
+    return srv

@@ -9,17 +9,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import AIRLOCK, API_KEY, Server, free_port, host_leftovers, use_server  # noqa: E402,F401
+from harness import AIRLOCK, API_KEY, host_leftovers, start_server  # noqa: E402,F401
 
 DATA_DIR = Path(os.environ.get("AIRLOCK_TEST_DATA_DIR", "/var/tmp/airlock-test"))
 
 
 @pytest.fixture(scope="session")
 def server():
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    srv = Server(DATA_DIR, free_port())
-    srv.start()
-    use_server(srv)
+    srv = start_server(DATA_DIR)
     yield srv
     srv.stop()
 
