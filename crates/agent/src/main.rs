@@ -96,7 +96,7 @@ async fn main() {
         }
     }
     let agent = Agent::new();
-    tokio::spawn(interpreter::serve(agent.clone()));
+    interpreter::start(agent.clone()).await;
     let app = router(agent);
     if let Err(e) = axum::serve(listener, app).await {
         eprintln!("airlock-agent: server failed: {e}");

@@ -28,7 +28,10 @@ pub const PORT_ENV: &str = "AIRLOCK_INTERPRETER_PORT";
 
 /// Serves the code interpreter when the template has kernels; returns at once when it has none.
 /// Failing to listen is logged, not fatal: envd goes on without it.
-pub async fn serve(agent: AgentState) {
+/// Binds the code interpreter's port and serves it in the background. Returns once the port
+/// listens, so the agent can answer its health check only when the interpreter is reachable
+/// too (a `run_code` straight after create must not find the port closed).
+pub async fn start(agent: AgentState) {
     let specs = kernelspec::Kernelspecs::discover();
     if specs.is_empty() {
         tracing::info!("no Jupyter kernelspecs: the code interpreter is off");
@@ -49,7 +52,9 @@ pub async fn serve(agent: AgentState) {
     };
     let interpreter = contexts::Interpreter::new(agent, specs);
     interpreter.start_defaults();
-    if let Err(e) = axum::serve(listener, api::router(interpreter)).await {
-        tracing::error!("code interpreter: server failed: {e}");
-    }
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, api::router(interpreter)).await {
+            tracing::error!("code interpreter: server failed: {e}");
+        }
+    });
 }
