@@ -13,12 +13,7 @@ cd "$(dirname "$0")"
 DATA_DIR=${AIRLOCK_DATA_DIR:-/var/lib/airlock}
 LISTEN=${AIRLOCK_LISTEN:-127.0.0.1:3000}
 
-scripts/install-deps.sh
-echo "==> building Airlock"
-cargo build --release --bins --quiet
-echo "==> building the templates (first time: a few minutes; cached after that)"
-target/release/airlock --data-dir "$DATA_DIR" template build base
-target/release/airlock --data-dir "$DATA_DIR" template build code-interpreter-v1
+scripts/prepare.sh "$DATA_DIR"
 
 echo "==> starting the server"
 target/release/airlock --data-dir "$DATA_DIR" serve --listen "$LISTEN" &

@@ -11,14 +11,9 @@ cd "$(dirname "$0")"
 
 export AIRLOCK_TEST_DATA_DIR=${AIRLOCK_TEST_DATA_DIR:-/var/tmp/airlock-test}
 
-scripts/install-deps.sh
-echo "==> building"
-cargo build --release --bins --quiet
+scripts/prepare.sh "$AIRLOCK_TEST_DATA_DIR"
 echo "==> unit tests"
 cargo test --release --workspace --quiet
-echo "==> templates (cached by content hash; the first build takes a few minutes)"
-target/release/airlock --data-dir "$AIRLOCK_TEST_DATA_DIR" template build base
-target/release/airlock --data-dir "$AIRLOCK_TEST_DATA_DIR" template build code-interpreter-v1
 echo "==> integration tests"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks against a server of their own (stop any other `airlock serve` first: one
-# server per host). Builds Airlock and the templates first.
+# server per host). Builds Airlock and the templates first (scripts/prepare.sh).
 #   bench/run.sh                      both suites
 #   bench/run.sh startup [args]       bench/startup.py     (create → first command, idle memory)
 #   bench/run.sh interpreter [args]   bench/interpreter.py (run_code round trips)
@@ -9,16 +9,11 @@ cd "$(dirname "$0")/.."
 DATA_DIR=${AIRLOCK_BENCH_DATA_DIR:-/var/tmp/airlock-bench}
 suite=${1:-all}
 [ $# -gt 0 ] && shift
-scripts/install-deps.sh
-cargo build --release --bins --quiet
-target/release/airlock --data-dir "$DATA_DIR" template build base >/dev/null
+scripts/prepare.sh "$DATA_DIR" >/dev/null
 case "$suite" in
   startup) exec .venv/bin/python bench/startup.py --data-dir "$DATA_DIR" "$@" ;;
-  interpreter)
-    target/release/airlock --data-dir "$DATA_DIR" template build code-interpreter-v1 >/dev/null
-    exec .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" "$@" ;;
+  interpreter) exec .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" "$@" ;;
   all)
-    target/release/airlock --data-dir "$DATA_DIR" template build code-interpreter-v1 >/dev/null
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo
     .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" ;;

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Gets a host ready to run Airlock against DATA_DIR: installs what is missing, builds the release
+# binaries, and builds both templates (cached by content hash: a few minutes the first time,
+# instant after that). Used by ./run.sh, ./test.sh and bench/run.sh.
+#   scripts/prepare.sh DATA_DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA_DIR=${1:?usage: scripts/prepare.sh DATA_DIR}
+
+scripts/install-deps.sh
+echo "==> building Airlock"
+cargo build --release --bins --quiet
+echo "==> building the templates (first time: a few minutes; cached after that)"
+for template in base code-interpreter-v1; do
+  target/release/airlock --data-dir "$DATA_DIR" template build "$template"
+done
