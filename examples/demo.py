@@ -18,7 +18,7 @@ from e2b_code_interpreter import Sandbox as CodeSandbox  # noqa: E402
 
 ci = CodeSandbox.create()
 ci.run_code("import pandas as pd\ndf = pd.DataFrame({'city': ['Oslo', 'Lima'], 'temp': [4, 19]})")
-print("run_code  ->", ci.run_code("df['temp'].mean()").text)
+print("run_code  ->", ci.run_code("float(df['temp'].mean())").text)
 chart = ci.run_code("import matplotlib.pyplot as plt\nplt.bar(df['city'], df['temp'])\nplt.title('Temperature')")
 print("a chart   ->", [r.formats() for r in chart.results])
 ci.kill()
