@@ -35,8 +35,6 @@ use tokio::sync::mpsc;
 const CHUNK: usize = 32 * 1024;
 /// Events buffered per attached stream before the process's output waits for it.
 const STREAM_BUFFER: usize = 64;
-/// PATH for sandbox processes.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 pub fn routes() -> Router<AgentState> {
     Router::new()
@@ -234,10 +232,7 @@ fn spawn(
     cmd.args(&config.args)
         .current_dir(&cwd)
         .env_clear()
-        .env("PATH", DEFAULT_PATH)
-        .env("HOME", &user.home)
-        .env("USER", &user.name)
-        .env("LOGNAME", &user.name)
+        .envs(user.base_env())
         .envs(&sandbox.env_vars)
         .envs(&config.envs)
         .uid(user.uid)

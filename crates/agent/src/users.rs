@@ -7,6 +7,9 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use std::path::{Component, Path, PathBuf};
 
+/// PATH for everything the agent starts inside the sandbox.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// A user from the sandbox's `/etc/passwd`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
@@ -24,6 +27,16 @@ impl User {
         find_in_passwd(&passwd, name).ok_or_else(|| {
             RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'"))
         })
+    }
+
+    /// The environment every process of this user starts from (sandbox env vars come on top).
+    pub fn base_env(&self) -> [(&'static str, String); 4] {
+        [
+            ("PATH", DEFAULT_PATH.to_owned()),
+            ("HOME", self.home.to_string_lossy().into_owned()),
+            ("USER", self.name.clone()),
+            ("LOGNAME", self.name.clone()),
+        ]
     }
 
     /// Resolves a request path for this user: `~` and relative paths are taken from the home

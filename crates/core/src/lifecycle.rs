@@ -403,11 +403,10 @@ impl Lifecycle {
         for id in ids {
             let _ = self.kill(id.as_str());
         }
-        self.destroying.close();
-        self.destroying.wait().await;
+        self.settle().await;
     }
 
-    /// Waits for the background destroys started so far (tests and shutdown).
+    /// Waits for the background destroys started so far.
     pub async fn settle(&self) {
         self.destroying.close();
         self.destroying.wait().await;

@@ -120,15 +120,7 @@ pub async fn route_sandbox_traffic(
 /// The answer E2B's proxy gives for a sandbox that does not exist (any more); the SDK turns it
 /// into "sandbox not running".
 pub fn sandbox_not_found(id: &str) -> Response {
-    (
-        StatusCode::BAD_GATEWAY,
-        Json(SandboxNotFoundBody {
-            sandbox_id: id.to_owned(),
-            message: "The sandbox was not found".into(),
-            code: 502,
-        }),
-    )
-        .into_response()
+    bad_gateway(id, "The sandbox was not found")
 }
 
 fn bad_gateway(id: &str, message: &str) -> Response {

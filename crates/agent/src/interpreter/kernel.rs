@@ -33,8 +33,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 
-/// PATH for kernels (the same as for envd processes).
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long a kernel may take to answer its first `kernel_info_request`. Kernels under gVisor
 /// are slow to import their libraries.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -356,15 +354,11 @@ impl Kernel {
         let (dir, connection_file) = ConnectionDir::create(user, &info)
             .map_err(|e| KernelError::Setup(format!("writing the connection file: {e}")))?;
 
-        let mut base: BTreeMap<String, String> = [
-            ("PATH", DEFAULT_PATH.to_owned()),
-            ("HOME", user.home.to_string_lossy().into_owned()),
-            ("USER", user.name.clone()),
-            ("LOGNAME", user.name.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
+        let mut base: BTreeMap<String, String> = user
+            .base_env()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
         if spec.dialect() == Dialect::Deno {
             // Deno colours its `text/plain` results and console output with ANSI codes otherwise.
             base.insert("NO_COLOR".into(), "1".into());
