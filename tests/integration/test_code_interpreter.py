@@ -202,6 +202,8 @@ def test_killing_the_sandbox_mid_run_ends_the_stream(ci):
 
     from e2b import Sandbox as BaseSandbox
 
+    # The kernel must be up, so the kill lands while the run streams (not while it waits).
+    ci.run_code("1")
     threading.Timer(3.0, lambda: BaseSandbox.kill(ci.sandbox_id)).start()
     started = time.monotonic()
     with pytest.raises(TimeoutException) as exc:
