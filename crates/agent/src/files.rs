@@ -1006,10 +1006,12 @@ mod tests {
         let file = tmp.path().join("s.txt");
         std::fs::write(&file, b"secret").unwrap();
         let agent = Agent::new();
-        agent.apply_init(InitRequest {
-            access_token: Some("tok".into()),
-            ..Default::default()
-        });
+        agent
+            .apply_init(InitRequest {
+                access_token: Some("tok".into()),
+                ..Default::default()
+            })
+            .unwrap();
         let app = routes().with_state(agent);
         let path = file.to_string_lossy().into_owned();
 

@@ -3,9 +3,10 @@
 //! It serves E2B's envd protocol natively on port 49983: Connect-JSON `process.Process` and
 //! `filesystem.Filesystem`, plus plain HTTP `/files`, `/health`, `/envs` and `/init`. The server
 //! reaches it over the sandbox's own network link and calls `/init` once to hand it the sandbox's
-//! env vars and access token.
+//! env vars, access token and (for a sandbox restored from a checkpoint) its own hostname.
 
 mod auth;
+mod caps;
 mod files;
 mod fs;
 mod interpreter;
@@ -42,9 +43,12 @@ fn router(state: AgentState) -> Router {
         .with_state(state)
 }
 
-async fn init(State(agent): State<AgentState>, Json(body): Json<InitRequest>) -> StatusCode {
-    agent.apply_init(body);
-    StatusCode::NO_CONTENT
+async fn init(
+    State(agent): State<AgentState>,
+    Json(body): Json<InitRequest>,
+) -> Result<StatusCode, rpc::RpcError> {
+    agent.apply_init(body)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn envs(State(agent): State<AgentState>) -> Json<BTreeMap<String, String>> {
@@ -69,8 +73,28 @@ fn detach_stdio() -> std::io::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // Before the runtime starts its threads: the bounding set is per thread, and every thread
+    // (and so every process the agent forks) must inherit the reduced one.
+    if let Err(e) = caps::keep_sys_admin_from_children() {
+        eprintln!("airlock-agent: cannot drop CAP_SYS_ADMIN from the bounding set: {e}");
+        // As root that leaves sandbox processes able to regain it; elsewhere (a dev run on the
+        // host) it merely could not be dropped.
+        if nix::unistd::geteuid().is_root() {
+            std::process::exit(1);
+        }
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock-agent: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(serve());
+}
+
+async fn serve() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_AGENT_LOG")

@@ -7,6 +7,7 @@ use crate::watch::WatcherTable;
 use airlock_wire::envd::InitRequest;
 use axum::http::HeaderMap;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Settings the server pushes with `POST /init`.
@@ -33,6 +34,10 @@ pub struct Agent {
     config: RwLock<SandboxConfig>,
     pub processes: ProcessTable,
     pub watchers: WatcherTable,
+    /// Bumped each time `/init` renames the sandbox: a restored checkpoint becoming a sandbox of
+    /// its own. State copied from the checkpoint (kernels' random generators) is renewed when it
+    /// lags behind.
+    identity: AtomicU64,
 }
 
 pub type AgentState = Arc<Agent>;
@@ -43,7 +48,13 @@ impl Agent {
             config: RwLock::new(SandboxConfig::default()),
             processes: ProcessTable::default(),
             watchers: WatcherTable::default(),
+            identity: AtomicU64::new(0),
         })
+    }
+
+    /// The current identity generation.
+    pub fn identity(&self) -> u64 {
+        self.identity.load(Ordering::SeqCst)
     }
 
     pub fn config(&self) -> SandboxConfig {
@@ -53,8 +64,22 @@ impl Agent {
             .clone()
     }
 
-    pub fn apply_init(&self, init: InitRequest) {
+    /// Applies `/init`; an invalid hostname rejects the whole request, before anything changes.
+    pub fn apply_init(&self, init: InitRequest) -> Result<(), RpcError> {
+        if let Some(name) = &init.hostname {
+            check_hostname(name)?;
+        }
+        // Held across the rename so concurrent inits cannot both count one change.
         let mut cfg = self.config.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(name) = &init.hostname {
+            let current = nix::unistd::gethostname()
+                .map_err(|e| RpcError::internal(format!("reading the hostname: {e}")))?;
+            if current != name.as_str() {
+                nix::unistd::sethostname(name)
+                    .map_err(|e| RpcError::internal(format!("setting the hostname: {e}")))?;
+                self.identity.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         cfg.env_vars = init.env_vars;
         if init.access_token.is_some() {
             cfg.access_token = init.access_token;
@@ -65,6 +90,7 @@ impl Agent {
         if init.default_workdir.is_some() {
             cfg.default_workdir = init.default_workdir;
         }
+        Ok(())
     }
 
     /// The user an RPC runs as: from Basic auth, else the sandbox default.
@@ -81,5 +107,68 @@ impl Agent {
             Some(name) => User::lookup(name),
             None => User::lookup(&self.config().default_user),
         }
+    }
+}
+
+/// A hostname the agent accepts: one DNS label of lowercase letters, digits and `-`, as sandbox
+/// ids are.
+fn check_hostname(name: &str) -> Result<(), RpcError> {
+    let valid = (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(RpcError::invalid(format!(
+            "invalid hostname {name:?}: use 1 to 63 characters a-z, 0-9 and '-'"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_hostnames() {
+        assert!(check_hostname("isb5x0k2m9q1").is_ok());
+        assert!(check_hostname("a-1").is_ok());
+        assert!(check_hostname(&"a".repeat(63)).is_ok());
+        for bad in ["", "Upper", "a.b", "a_b", "a b", "é", &"a".repeat(64)] {
+            assert!(check_hostname(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_hostname_changes_nothing() {
+        let agent = Agent::new();
+        let err = agent
+            .apply_init(InitRequest {
+                access_token: Some("tok".into()),
+                hostname: Some("Not_Valid".into()),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(err.0.code, airlock_wire::connect::Code::InvalidArgument);
+        assert_eq!(agent.config().access_token, None);
+        assert_eq!(agent.identity(), 0);
+    }
+
+    #[test]
+    fn the_current_hostname_is_no_new_identity() {
+        // Only the host's own name, so the test never renames the machine it runs on.
+        let current = nix::unistd::gethostname().unwrap();
+        let Some(current) = current.to_str().filter(|n| check_hostname(n).is_ok()) else {
+            return;
+        };
+        let agent = Agent::new();
+        agent
+            .apply_init(InitRequest {
+                hostname: Some(current.to_owned()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(agent.identity(), 0);
     }
 }

@@ -47,6 +47,9 @@ impl SlotAddrs {
 pub enum DriverError {
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
+    /// The host's disk cannot hold what was to be written (a checkpoint image).
+    #[error("not enough disk space: {0}")]
+    NoSpace(String),
     #[error("{what}")]
     Io {
         what: String,
@@ -76,8 +79,41 @@ pub trait Driver: Send + Sync + 'static {
     async fn is_running(&self, id: &SandboxId) -> bool;
 
     /// Removes every host resource that looks like this driver's but belongs to no id in `keep`
-    /// (left over by a crashed server).
+    /// (left over by a crashed server). Images are not touched.
     async fn sweep_orphans(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError>;
+
+    /// Saves the running sandbox (memory, processes, filesystem writes) as the image named
+    /// `image`, replacing any image of that name, and leaves the sandbox running. On failure the
+    /// sandbox still runs untouched and the old image, if any, is kept.
+    ///
+    /// Image names are `[a-z0-9._-]`, 1..=128 characters, not starting with a dot.
+    async fn checkpoint(&self, id: &SandboxId, slot: u32, image: &str) -> Result<(), DriverError>;
+
+    /// Starts a sandbox from an image instead of booting it: its processes carry on where the
+    /// checkpoint left them. `spec.rootfs` must be the rootfs the image was taken over.
+    async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<(), DriverError>;
+
+    /// Whether the image exists.
+    fn has_image(&self, image: &str) -> bool;
+
+    /// Deletes the image; succeeds if it does not exist.
+    async fn delete_image(&self, image: &str) -> Result<(), DriverError>;
+
+    /// Memory the sandbox is charged for on the host, in bytes, if known.
+    fn memory_usage(&self, id: &SandboxId) -> Option<u64>;
+
+    /// A short `[a-z0-9]` tag that changes whenever images taken before stop being restorable
+    /// (a new agent binary or runtime), so cached images are keyed by it.
+    fn fingerprint(&self) -> String;
+}
+
+/// Whether `name` is a valid image name (see [`Driver::checkpoint`]).
+pub fn valid_image_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
 }
 
 #[cfg(test)]

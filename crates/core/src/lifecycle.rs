@@ -1,16 +1,28 @@
-//! Sandbox lifecycle: create, find, extend, kill, expire, adopt after a restart, shut down.
+//! Sandbox lifecycle: create, find, extend, pause, resume, snapshot, fork, kill, expire, adopt
+//! after a restart, shut down.
 //!
-//! The store is written before the driver acts, so after a crash every host resource a sandbox
-//! may hold is named by a row (adopted or destroyed at the next start) or swept as an orphan.
+//! The store is written before the driver acts on a user's sandbox, so after a crash every host
+//! resource a sandbox may hold is named by a row (adopted or destroyed at the next start) or
+//! swept as an orphan.
+//!
+//! Fast start: for every template the lifecycle keeps a *golden image*, a checkpoint of a
+//! sandbox booted from it and warmed up (the code interpreter's kernel with its imports loaded),
+//! and a small pool of sandboxes already restored from it. A create takes a pooled sandbox and
+//! only hands it its identity (`/init`: env vars, token, hostname); with the pool empty it
+//! restores the golden image itself, and with no golden image yet it boots. Restored sandboxes
+//! share one memory image, so the agent reseeds what a restore copies (hostname, and the
+//! interpreter's random generators) when `/init` gives it a new hostname.
 
 use crate::driver::{Driver, DriverError, LaunchSpec, SlotAddrs};
 use crate::ids::{random_token, SandboxId, TemplateName};
-use crate::store::{SandboxRecord, Store, StoreError};
+use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, Store, StoreError};
 use airlock_wire::envd::InitRequest;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -20,8 +32,17 @@ use tokio_util::task::TaskTracker;
 pub trait AgentClient: Send + Sync + 'static {
     /// Waits until the agent at `addr` answers its health check, or `within` passes.
     async fn wait_ready(&self, addr: Ipv4Addr, within: Duration) -> Result<(), String>;
-    /// Hands the agent its sandbox's settings (`POST /init`).
-    async fn init(&self, addr: Ipv4Addr, init: &InitRequest) -> Result<(), String>;
+    /// Hands the agent its sandbox's settings (`POST /init`), authenticated with the token the
+    /// agent holds now (a sandbox restored from a snapshot holds its source's).
+    async fn init(
+        &self,
+        addr: Ipv4Addr,
+        current_token: Option<&str>,
+        init: &InitRequest,
+    ) -> Result<(), String>;
+    /// Loads what the template preloads (the code interpreter's kernel and its usual imports)
+    /// before the template's golden image is taken. Templates without it succeed at once.
+    async fn warm_up(&self, addr: Ipv4Addr) -> Result<(), String>;
 }
 
 /// Server-wide defaults and caps.
@@ -35,6 +56,10 @@ pub struct Limits {
     pub disk_mb: u32,
     /// How long a new sandbox's agent may take to answer.
     pub agent_start_timeout: Duration,
+    /// Ready sandboxes kept per template (0 turns pools and golden images off).
+    pub pool_size: usize,
+    /// Pools are not refilled while the host has less memory available than this.
+    pub pool_min_available_mb: u64,
 }
 
 impl Default for Limits {
@@ -47,6 +72,8 @@ impl Default for Limits {
             memory_mb: 1024,
             disk_mb: 5120,
             agent_start_timeout: Duration::from_secs(20),
+            pool_size: 2,
+            pool_min_available_mb: 2048,
         }
     }
 }
@@ -57,10 +84,24 @@ pub enum LifecycleError {
     TemplateNotFound(String),
     #[error("sandbox '{0}' not found")]
     SandboxNotFound(String),
+    #[error("snapshot '{0}' not found")]
+    SnapshotNotFound(String),
     #[error("the server already runs its maximum of {0} sandboxes")]
     Capacity(usize),
     #[error("timeout of {requested}s exceeds the maximum of {max}s")]
     TimeoutTooLong { requested: u64, max: u64 },
+    #[error("sandbox '{0}' is already paused")]
+    AlreadyPaused(String),
+    #[error("sandbox '{0}' is already running")]
+    AlreadyRunning(String),
+    #[error("sandbox '{0}' is paused; resume it first")]
+    Paused(String),
+    #[error("sandbox '{0}' is being paused, resumed or snapshotted; try again")]
+    Busy(String),
+    #[error("'{0}' is not a valid snapshot name (a-z, 0-9, '.', '_', '-'; at most 64)")]
+    BadSnapshotName(String),
+    #[error("not enough disk space: {0}; the sandbox keeps running")]
+    NoSpace(String),
     #[error("starting the sandbox failed")]
     Driver(#[source] DriverError),
     #[error("the sandbox's agent did not start: {0}")]
@@ -72,23 +113,37 @@ pub enum LifecycleError {
 /// What a create asks for, already parsed.
 #[derive(Debug, Clone, Default)]
 pub struct CreateParams {
+    /// A template's or a snapshot's name.
     pub template: String,
     pub timeout: Option<Duration>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
     /// Whether the agent demands an access token (v2 sandboxes always do).
     pub secure: bool,
+    pub pause_on_timeout: bool,
+    pub auto_resume: bool,
 }
 
 /// A running sandbox.
 pub struct Sandbox {
     record: Mutex<SandboxRecord>,
     pub addrs: SlotAddrs,
-    /// Fired when the sandbox is killed, so open proxied streams can be cut.
-    killed: CancellationToken,
+    slot: u32,
+    /// Fired when the sandbox stops running here (killed, paused, or paused for a snapshot), so
+    /// open proxied streams are cut.
+    stopped: CancellationToken,
 }
 
 impl Sandbox {
+    fn new(record: SandboxRecord, slot: u32) -> Arc<Self> {
+        Arc::new(Sandbox {
+            addrs: SlotAddrs::for_slot(slot),
+            slot,
+            record: Mutex::new(record),
+            stopped: CancellationToken::new(),
+        })
+    }
+
     pub fn record(&self) -> SandboxRecord {
         self.record
             .lock()
@@ -104,10 +159,27 @@ impl Sandbox {
         self.record().access_token
     }
 
-    /// Resolves when the sandbox is killed.
-    pub fn killed(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.killed.clone().cancelled_owned()
+    /// Resolves when the sandbox stops running here (killed or paused).
+    pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.stopped.clone().cancelled_owned()
     }
+}
+
+/// A sandbox that runs and whose agent answers, but that no user owns yet.
+struct Started {
+    id: SandboxId,
+    slot: u32,
+    rootfs: PathBuf,
+    /// The access token its agent holds (restored from a snapshot: the source's).
+    token: Option<String>,
+}
+
+/// Ready sandboxes of one template, restored from its golden image.
+#[derive(Default)]
+struct Pool {
+    ready: Vec<Started>,
+    /// Restores under way.
+    filling: usize,
 }
 
 pub struct Lifecycle {
@@ -116,14 +188,47 @@ pub struct Lifecycle {
     agent: Arc<dyn AgentClient>,
     limits: Limits,
     live: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
+    /// Sandboxes in the middle of a pause, resume, snapshot or fork.
+    busy: Mutex<HashSet<SandboxId>>,
+    pools: Mutex<HashMap<TemplateName, Pool>>,
+    /// Wakes the pool filler (a pooled sandbox was taken).
+    refill: Notify,
     /// Slots handed out, including those of sandboxes still starting or being destroyed.
     slots: Arc<Mutex<Slots>>,
-    /// Destroys running in the background (a kill answers before the host cleanup is done).
+    /// Destroys and auto-pauses running in the background (a kill answers before the host
+    /// cleanup is done).
     destroying: TaskTracker,
 }
 
+/// How long a pause, resume or snapshot waits for another one on the same sandbox.
+const BUSY_WAIT: Duration = Duration::from_secs(60);
+
 pub fn now_unix() -> i64 {
     chrono::Utc::now().timestamp()
+}
+
+/// The image a paused sandbox waits in.
+fn paused_image(id: &SandboxId) -> String {
+    format!("paused-{id}")
+}
+
+fn snapshot_image(id: &TemplateName) -> String {
+    format!("snapshot-{id}")
+}
+
+/// Marks an id busy for as long as the guard lives.
+struct BusyGuard<'a> {
+    busy: &'a Mutex<HashSet<SandboxId>>,
+    id: SandboxId,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
 }
 
 impl Lifecycle {
@@ -139,6 +244,9 @@ impl Lifecycle {
             agent,
             limits,
             live: Mutex::new(HashMap::new()),
+            busy: Mutex::new(HashSet::new()),
+            pools: Mutex::new(HashMap::new()),
+            refill: Notify::new(),
             slots: Arc::new(Mutex::new(Slots::default())),
             destroying: TaskTracker::new(),
         })
@@ -152,15 +260,46 @@ impl Lifecycle {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<TemplateName, Pool>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the sandbox busy, waiting (up to [`BUSY_WAIT`]) for a pause, resume or snapshot
+    /// already under way to finish first.
+    async fn mark_busy(&self, id: &str) -> Result<BusyGuard<'_>, LifecycleError> {
+        let id = SandboxId::parse(id).map_err(|_| LifecycleError::SandboxNotFound(id.into()))?;
+        let deadline = tokio::time::Instant::now() + BUSY_WAIT;
+        loop {
+            if self
+                .busy
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.clone())
+            {
+                return Ok(BusyGuard {
+                    busy: &self.busy,
+                    id,
+                });
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LifecycleError::Busy(id.to_string()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn is_busy(&self, id: &SandboxId) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(id)
+    }
+
     /// Hands out slots round-robin: an address comes back only after every other slot was used.
     /// A dead sandbox's netstack never closes the connections that were open to it, so clients
-    /// (the proxy's pool among them) must not find a new sandbox at a recently used address.
+    /// must not find a new sandbox at a recently used address.
     fn take_slot(&self) -> Result<u32, LifecycleError> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let used = slots.used.iter().filter(|s| **s).count();
-        if used >= self.limits.max_sandboxes {
-            return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
-        }
         let total = SlotAddrs::MAX_SLOTS as usize;
         let start = slots.next;
         let slot = (0..total)
@@ -190,19 +329,116 @@ impl Lifecycle {
         Ok(t)
     }
 
+    /// The golden image of a template as it is built now (a rebuilt template gets a new one).
+    fn golden_image(&self, template: &crate::store::TemplateRecord) -> String {
+        let hash = template
+            .content_hash
+            .get(..16)
+            .unwrap_or(&template.content_hash);
+        let runtime = self.driver.fingerprint();
+        format!("golden-{}-{hash}-{runtime}", template.name)
+    }
+
     pub async fn create(&self, params: CreateParams) -> Result<Arc<Sandbox>, LifecycleError> {
-        let template = TemplateName::parse(&params.template)
-            .ok()
-            .and_then(|name| self.store.template(&name).transpose())
-            .transpose()?
-            .ok_or_else(|| LifecycleError::TemplateNotFound(params.template.clone()))?;
+        let name = TemplateName::parse(&params.template)
+            .map_err(|_| LifecycleError::TemplateNotFound(params.template.clone()))?;
         let timeout = self.clamp_timeout(params.timeout)?;
+        if self.live().len() >= self.limits.max_sandboxes {
+            return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
+        }
+        let started = if let Some(template) = self.store.template(&name)? {
+            match self.take_pooled(&template) {
+                Some(pooled) => pooled,
+                None => {
+                    let golden = self.golden_image(&template);
+                    let image = self.driver.has_image(&golden).then_some(golden);
+                    self.start(&template.rootfs, image.as_deref()).await?
+                }
+            }
+        } else if let Some(snapshot) = self.store.snapshot(&name)? {
+            let mut started = self.start(&snapshot.rootfs, Some(&snapshot.image)).await?;
+            started.token = snapshot.access_token;
+            started
+        } else {
+            return Err(LifecycleError::TemplateNotFound(params.template));
+        };
+        self.claim(started, name, params, timeout).await
+    }
+
+    /// Takes a ready sandbox of the template from its pool, if one is there.
+    fn take_pooled(&self, template: &crate::store::TemplateRecord) -> Option<Started> {
+        let pooled = {
+            let mut pools = self.pools();
+            pools.get_mut(&template.name)?.ready.pop()?
+        };
+        self.refill.notify_one();
+        if pooled.rootfs != template.rootfs {
+            // Restored before the template was rebuilt.
+            self.destroying.spawn(self.release(pooled.id, pooled.slot));
+            return None;
+        }
+        Some(pooled)
+    }
+
+    /// Boots a sandbox, or restores it from `image`, and waits for its agent.
+    async fn start(
+        &self,
+        rootfs: &std::path::Path,
+        image: Option<&str>,
+    ) -> Result<Started, LifecycleError> {
         let slot = self.take_slot()?;
+        let spec = LaunchSpec {
+            id: SandboxId::generate(),
+            rootfs: rootfs.to_owned(),
+            slot,
+            cpu_count: self.limits.cpu_count,
+            memory_mb: self.limits.memory_mb,
+            disk_mb: self.limits.disk_mb,
+        };
+        let result = match image {
+            Some(image) => self.driver.restore(&spec, image).await,
+            None => self.driver.launch(&spec).await,
+        };
+        let result = match result {
+            Ok(()) => self
+                .agent
+                .wait_ready(
+                    SlotAddrs::for_slot(slot).sandbox,
+                    self.limits.agent_start_timeout,
+                )
+                .await
+                .map_err(LifecycleError::Agent),
+            Err(e) => Err(LifecycleError::Driver(e)),
+        };
+        match result {
+            Ok(()) => Ok(Started {
+                id: spec.id,
+                slot,
+                rootfs: spec.rootfs,
+                token: None,
+            }),
+            Err(e) => {
+                self.release(spec.id, slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a started sandbox the caller's: records it and hands its agent its identity.
+    async fn claim(
+        &self,
+        started: Started,
+        template: TemplateName,
+        params: CreateParams,
+        timeout: Duration,
+    ) -> Result<Arc<Sandbox>, LifecycleError> {
         let now = now_unix();
         let record = SandboxRecord {
-            id: SandboxId::generate(),
-            template: template.name.clone(),
-            slot,
+            id: started.id.clone(),
+            template,
+            rootfs: started.rootfs,
+            state: SandboxState::Running,
+            slot: Some(started.slot),
             access_token: params.secure.then(|| random_token(32)),
             metadata: params.metadata,
             env_vars: params.env_vars,
@@ -211,56 +447,43 @@ impl Lifecycle {
             cpu_count: self.limits.cpu_count,
             memory_mb: self.limits.memory_mb,
             disk_mb: self.limits.disk_mb,
+            pause_on_timeout: params.pause_on_timeout,
+            auto_resume: params.auto_resume,
         };
         if let Err(e) = self.store.insert_sandbox(&record) {
-            self.mark_slot(slot, false);
+            self.release(started.id, started.slot).await;
             return Err(e.into());
         }
-        let spec = LaunchSpec {
-            id: record.id.clone(),
-            rootfs: template.rootfs.clone(),
-            slot,
-            cpu_count: record.cpu_count,
-            memory_mb: record.memory_mb,
-            disk_mb: record.disk_mb,
-        };
-        match self.boot(&spec, &record).await {
-            Ok(()) => {
-                let sandbox = Arc::new(Sandbox {
-                    addrs: SlotAddrs::for_slot(slot),
-                    record: Mutex::new(record.clone()),
-                    killed: CancellationToken::new(),
-                });
-                self.live().insert(record.id, sandbox.clone());
-                Ok(sandbox)
-            }
-            Err(e) => {
-                self.discard(&record.id, slot).await;
-                Err(e)
-            }
-        }
-    }
-
-    async fn boot(&self, spec: &LaunchSpec, record: &SandboxRecord) -> Result<(), LifecycleError> {
-        self.driver
-            .launch(spec)
-            .await
-            .map_err(LifecycleError::Driver)?;
-        let addr = SlotAddrs::for_slot(spec.slot).sandbox;
-        self.agent
-            .wait_ready(addr, self.limits.agent_start_timeout)
-            .await
-            .map_err(LifecycleError::Agent)?;
         let init = InitRequest {
             env_vars: record.env_vars.clone(),
             access_token: record.access_token.clone(),
             default_user: Some("user".into()),
             default_workdir: None,
+            hostname: Some(record.id.to_string()),
         };
-        self.agent
-            .init(addr, &init)
-            .await
-            .map_err(LifecycleError::Agent)
+        let addr = SlotAddrs::for_slot(started.slot).sandbox;
+        if let Err(e) = self.agent.init(addr, started.token.as_deref(), &init).await {
+            self.discard(&record.id, started.slot).await;
+            return Err(LifecycleError::Agent(e));
+        }
+        let sandbox = Sandbox::new(record.clone(), started.slot);
+        self.live().insert(record.id, sandbox.clone());
+        Ok(sandbox)
+    }
+
+    /// Destroys what a sandbox holds on the host and frees its slot; its row (if any) stays.
+    fn release(
+        &self,
+        id: SandboxId,
+        slot: u32,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (driver, slots) = (self.driver.clone(), self.slots.clone());
+        async move {
+            if let Err(e) = driver.destroy(&id, slot).await {
+                tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
+            }
+            mark_slot(&slots, slot, false);
+        }
     }
 
     /// Destroys whatever a sandbox holds and forgets it; the slot is free again only after that.
@@ -270,20 +493,13 @@ impl Lifecycle {
         id: &SandboxId,
         slot: u32,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (driver, store, slots, id) = (
-            self.driver.clone(),
-            self.store.clone(),
-            self.slots.clone(),
-            id.clone(),
-        );
+        let (store, id) = (self.store.clone(), id.clone());
+        let release = self.release(id.clone(), slot);
         async move {
-            if let Err(e) = driver.destroy(&id, slot).await {
-                tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
-            }
+            release.await;
             if let Err(e) = store.delete_sandbox(&id) {
                 tracing::error!(sandbox = %id, error = %e, "forgetting sandbox failed");
             }
-            mark_slot(&slots, slot, false);
         }
     }
 
@@ -292,6 +508,16 @@ impl Lifecycle {
             .ok()
             .and_then(|id| self.live().get(&id).cloned())
             .ok_or_else(|| LifecycleError::SandboxNotFound(id.to_owned()))
+    }
+
+    /// A sandbox's record, running or paused.
+    pub fn record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+        if let Ok(sandbox) = self.get(id) {
+            return Ok(sandbox.record());
+        }
+        let not_found = || LifecycleError::SandboxNotFound(id.to_owned());
+        let id = SandboxId::parse(id).map_err(|_| not_found())?;
+        self.store.sandbox(&id)?.ok_or_else(not_found)
     }
 
     /// Running sandboxes, oldest first.
@@ -304,17 +530,45 @@ impl Lifecycle {
         all
     }
 
-    /// Kills a sandbox: it is gone for every caller at once, and its open streams are cut. The
-    /// host cleanup finishes in the background (`shutdown` waits for it).
+    /// Running and paused sandboxes, oldest first.
+    pub fn list_records(&self) -> Result<Vec<SandboxRecord>, LifecycleError> {
+        let live = self.live();
+        let mut all: Vec<SandboxRecord> = self
+            .store
+            .sandboxes()?
+            .into_iter()
+            .map(|r| live.get(&r.id).map(|s| s.record()).unwrap_or(r))
+            .collect();
+        all.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        Ok(all)
+    }
+
+    /// Kills a sandbox, running or paused: it is gone for every caller at once, and its open
+    /// streams are cut. The host cleanup finishes in the background (`shutdown` waits for it).
     pub fn kill(&self, id: &str) -> Result<(), LifecycleError> {
-        let sandbox = SandboxId::parse(id)
-            .ok()
-            .and_then(|id| self.live().remove(&id))
-            .ok_or_else(|| LifecycleError::SandboxNotFound(id.to_owned()))?;
-        sandbox.killed.cancel();
-        let record = sandbox.record();
-        self.destroying.spawn(self.discard(&record.id, record.slot));
-        Ok(())
+        let parsed =
+            SandboxId::parse(id).map_err(|_| LifecycleError::SandboxNotFound(id.into()))?;
+        if self.is_busy(&parsed) {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        }
+        if let Some(sandbox) = self.live().remove(&parsed) {
+            sandbox.stopped.cancel();
+            self.destroying.spawn(self.discard(&parsed, sandbox.slot));
+            return Ok(());
+        }
+        match self.store.sandbox(&parsed)? {
+            Some(record) if record.state == SandboxState::Paused => {
+                self.store.delete_sandbox(&parsed)?;
+                let driver = self.driver.clone();
+                self.destroying.spawn(async move {
+                    if let Err(e) = driver.delete_image(&paused_image(&parsed)).await {
+                        tracing::error!(sandbox = %parsed, error = %e, "deleting image failed");
+                    }
+                });
+                Ok(())
+            }
+            _ => Err(LifecycleError::SandboxNotFound(id.to_owned())),
+        }
     }
 
     /// Sets the sandbox to expire `timeout` from now (replacing the old deadline).
@@ -328,19 +582,270 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Kills every sandbox whose deadline has passed. Returns how many.
-    pub fn reap_expired(&self) -> usize {
+    /// Takes a running sandbox out of service (no new traffic, open streams cut) while `f`
+    /// works on its host resources; it is back in service afterwards unless `f` says it is gone.
+    async fn out_of_service<F, Fut, T>(&self, id: &str, f: F) -> Result<T, LifecycleError>
+    where
+        F: FnOnce(Arc<Sandbox>) -> Fut,
+        Fut: std::future::Future<Output = (Result<T, LifecycleError>, bool)>,
+    {
+        let _busy = self.mark_busy(id).await?;
+        let parsed =
+            SandboxId::parse(id).map_err(|_| LifecycleError::SandboxNotFound(id.into()))?;
+        let Some(sandbox) = self.live().remove(&parsed) else {
+            return Err(match self.store.sandbox(&parsed)? {
+                Some(r) if r.state == SandboxState::Paused => {
+                    LifecycleError::AlreadyPaused(id.to_owned())
+                }
+                _ => LifecycleError::SandboxNotFound(id.to_owned()),
+            });
+        };
+        sandbox.stopped.cancel();
+        let (result, gone) = f(sandbox.clone()).await;
+        if !gone {
+            let back = Sandbox::new(sandbox.record(), sandbox.slot);
+            self.live().insert(parsed, back);
+        }
+        result
+    }
+
+    fn checkpoint_error(&self, e: DriverError) -> LifecycleError {
+        match e {
+            DriverError::NoSpace(what) => LifecycleError::NoSpace(what),
+            other => LifecycleError::Driver(other),
+        }
+    }
+
+    /// Pauses a running sandbox: its memory, processes and files go to disk, and it stops
+    /// taking a slot. On failure (a full disk, say) it keeps running as it was.
+    pub async fn pause(&self, id: &str) -> Result<(), LifecycleError> {
+        self.out_of_service(id, |sandbox| async move {
+            let record = sandbox.record();
+            let image = paused_image(&record.id);
+            if let Err(e) = self.driver.checkpoint(&record.id, sandbox.slot, &image).await {
+                tracing::warn!(sandbox = %record.id, error = %e, "pause failed; sandbox keeps running");
+                return (Err(self.checkpoint_error(e)), false);
+            }
+            let stored =
+                self.store
+                    .set_state(&record.id, SandboxState::Paused, None, record.end_at);
+            if let Err(e) = stored {
+                let _ = self.driver.delete_image(&image).await;
+                return (Err(e.into()), false);
+            }
+            // Waited for, not backgrounded: a resume right after must find the id free.
+            self.release(record.id.clone(), sandbox.slot).await;
+            tracing::info!(sandbox = %record.id, "paused");
+            (Ok(()), true)
+        })
+        .await
+    }
+
+    /// Resumes a paused sandbox where it left off, with a new deadline `timeout` from now.
+    pub async fn resume(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Arc<Sandbox>, LifecycleError> {
+        let timeout = self.clamp_timeout(timeout)?;
+        let _busy = self.mark_busy(id).await?;
+        if self.get(id).is_ok() {
+            return Err(LifecycleError::AlreadyRunning(id.to_owned()));
+        }
+        let mut record = match self.record(id)? {
+            r if r.state == SandboxState::Paused => r,
+            _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
+        };
+        if self.live().len() >= self.limits.max_sandboxes {
+            return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
+        }
+        let slot = self.take_slot()?;
+        let spec = LaunchSpec {
+            id: record.id.clone(),
+            rootfs: record.rootfs.clone(),
+            slot,
+            cpu_count: record.cpu_count,
+            memory_mb: record.memory_mb,
+            disk_mb: record.disk_mb,
+        };
+        let image = paused_image(&record.id);
+        let started = match self.driver.restore(&spec, &image).await {
+            Ok(()) => self
+                .agent
+                .wait_ready(
+                    SlotAddrs::for_slot(slot).sandbox,
+                    self.limits.agent_start_timeout,
+                )
+                .await
+                .map_err(LifecycleError::Agent),
+            Err(e) => Err(LifecycleError::Driver(e)),
+        };
+        if let Err(e) = started {
+            tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
+            self.release(record.id.clone(), slot).await;
+            return Err(e);
+        }
+        record.state = SandboxState::Running;
+        record.slot = Some(slot);
+        record.end_at = now_unix() + timeout.as_secs() as i64;
+        if let Err(e) =
+            self.store
+                .set_state(&record.id, SandboxState::Running, Some(slot), record.end_at)
+        {
+            self.release(record.id.clone(), slot).await;
+            return Err(e.into());
+        }
+        // The image is spent: the next pause writes a new one from the resumed state.
+        if let Err(e) = self.driver.delete_image(&image).await {
+            tracing::warn!(sandbox = %record.id, error = %e, "deleting the resumed image failed");
+        }
+        let sandbox = Sandbox::new(record.clone(), slot);
+        self.live().insert(record.id.clone(), sandbox.clone());
+        tracing::info!(sandbox = %record.id, "resumed");
+        Ok(sandbox)
+    }
+
+    /// E2B's connect: a running sandbox gets its deadline moved, a paused one is resumed.
+    /// Returns the sandbox and whether it was resumed.
+    pub async fn connect(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<(Arc<Sandbox>, bool), LifecycleError> {
+        if let Ok(sandbox) = self.get(id) {
+            if let Some(t) = timeout {
+                self.set_timeout(id, t)?;
+            }
+            return Ok((sandbox, false));
+        }
+        Ok((self.resume(id, timeout).await?, true))
+    }
+
+    /// Saves a running sandbox's state as a snapshot that `create` accepts in place of a
+    /// template; the sandbox keeps running. A snapshot of the same name is replaced.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        name: Option<&str>,
+    ) -> Result<SnapshotRecord, LifecycleError> {
+        let snapshot_id = match name {
+            Some(n) => {
+                TemplateName::parse(n).map_err(|_| LifecycleError::BadSnapshotName(n.to_owned()))?
+            }
+            None => TemplateName::parse(&format!("snap-{}", SandboxId::generate()))
+                .expect("generated names are valid"),
+        };
+        if self.store.template(&snapshot_id)?.is_some() {
+            return Err(LifecycleError::BadSnapshotName(format!(
+                "{snapshot_id} (a template has that name)"
+            )));
+        }
+        self.out_of_service(id, |sandbox| async move {
+            let record = sandbox.record();
+            let image = snapshot_image(&snapshot_id);
+            if let Err(e) = self
+                .driver
+                .checkpoint(&record.id, sandbox.slot, &image)
+                .await
+            {
+                return (Err(self.checkpoint_error(e)), false);
+            }
+            let snapshot = SnapshotRecord {
+                id: snapshot_id,
+                image,
+                template: record.template.clone(),
+                rootfs: record.rootfs.clone(),
+                source_sandbox: record.id.clone(),
+                access_token: record.access_token.clone(),
+                created_at: now_unix(),
+            };
+            (
+                self.store
+                    .insert_snapshot(&snapshot)
+                    .map(|()| snapshot)
+                    .map_err(Into::into),
+                false,
+            )
+        })
+        .await
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, LifecycleError> {
+        Ok(self.store.snapshots()?)
+    }
+
+    /// Deletes a snapshot and its image; returns whether it existed.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<bool, LifecycleError> {
+        let Ok(name) = TemplateName::parse(id) else {
+            return Ok(false);
+        };
+        let Some(snapshot) = self.store.snapshot(&name)? else {
+            return Ok(false);
+        };
+        self.store.delete_snapshot(&name)?;
+        self.driver
+            .delete_image(&snapshot.image)
+            .await
+            .map_err(LifecycleError::Driver)?;
+        Ok(true)
+    }
+
+    /// Copies a running sandbox `count` times: one checkpoint, then a restore per copy. Each
+    /// copy gets its own id, token and hostname, and the source's metadata and env vars.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Result<Arc<Sandbox>, LifecycleError>>, LifecycleError> {
+        let source = self.get(id)?.record();
+        let snapshot = self.snapshot(id, None).await?;
+        let mut forks = Vec::with_capacity(count);
+        for _ in 0..count {
+            forks.push(
+                self.create(CreateParams {
+                    template: snapshot.id.to_string(),
+                    timeout,
+                    metadata: source.metadata.clone(),
+                    env_vars: source.env_vars.clone(),
+                    secure: source.access_token.is_some(),
+                    pause_on_timeout: source.pause_on_timeout,
+                    auto_resume: source.auto_resume,
+                })
+                .await,
+            );
+        }
+        if let Err(e) = self.delete_snapshot(snapshot.id.as_str()).await {
+            tracing::warn!(snapshot = %snapshot.id, error = %e, "removing the fork's snapshot failed");
+        }
+        Ok(forks)
+    }
+
+    /// Kills (or, when asked for, pauses) every sandbox whose deadline has passed. Returns how
+    /// many.
+    pub fn reap_expired(self: &Arc<Self>) -> usize {
         let now = now_unix();
-        let expired: Vec<SandboxId> = self
+        let expired: Vec<SandboxRecord> = self
             .live()
             .values()
             .map(|s| s.record())
-            .filter(|r| r.end_at <= now)
-            .map(|r| r.id)
+            .filter(|r| r.end_at <= now && !self.is_busy(&r.id))
             .collect();
-        for id in &expired {
-            tracing::info!(sandbox = %id, "timeout reached; killing");
-            let _ = self.kill(id.as_str());
+        for record in &expired {
+            if record.pause_on_timeout {
+                tracing::info!(sandbox = %record.id, "timeout reached; pausing");
+                let this = self.clone();
+                let id = record.id.to_string();
+                self.destroying.spawn(async move {
+                    if let Err(e) = this.pause(&id).await {
+                        tracing::error!(sandbox = %id, error = %e, "pausing on timeout failed; killing");
+                        let _ = this.kill(&id);
+                    }
+                });
+            } else {
+                tracing::info!(sandbox = %record.id, "timeout reached; killing");
+                let _ = self.kill(record.id.as_str());
+            }
         }
         expired.len()
     }
@@ -356,13 +861,148 @@ impl Lifecycle {
         }
     }
 
-    /// After a (re)start: adopts every recorded sandbox whose runtime and agent still answer,
-    /// destroys the rest, then sweeps host resources that no record names.
+    /// Keeps every template's golden image made and its pool full, until `stop` fires.
+    pub async fn run_pools(self: Arc<Self>, stop: CancellationToken) {
+        if self.limits.pool_size == 0 {
+            return;
+        }
+        loop {
+            let templates = self.store.templates().unwrap_or_default();
+            for template in &templates {
+                if stop.is_cancelled() {
+                    return;
+                }
+                let golden = self.golden_image(template);
+                if !self.driver.has_image(&golden) {
+                    if let Err(e) = self.make_golden(template, &golden).await {
+                        tracing::warn!(template = %template.name, error = %e, "making the golden image failed");
+                    }
+                    continue;
+                }
+                self.fill_pool(template, &golden, &stop).await;
+            }
+            tokio::select! {
+                _ = self.refill.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Boots a sandbox from the template, warms it up and checkpoints it as its golden image.
+    async fn make_golden(
+        &self,
+        template: &crate::store::TemplateRecord,
+        image: &str,
+    ) -> Result<(), LifecycleError> {
+        let started_at = std::time::Instant::now();
+        let started = self.start(&template.rootfs, None).await?;
+        let addr = SlotAddrs::for_slot(started.slot).sandbox;
+        let init = InitRequest {
+            default_user: Some("user".into()),
+            ..Default::default()
+        };
+        let result = async {
+            self.agent
+                .init(addr, None, &init)
+                .await
+                .map_err(LifecycleError::Agent)?;
+            self.agent
+                .warm_up(addr)
+                .await
+                .map_err(LifecycleError::Agent)?;
+            self.driver
+                .checkpoint(&started.id, started.slot, image)
+                .await
+                .map_err(|e| self.checkpoint_error(e))
+        }
+        .await;
+        self.release(started.id, started.slot).await;
+        if result.is_ok() {
+            tracing::info!(template = %template.name, image, elapsed = ?started_at.elapsed(), "golden image ready");
+        }
+        result
+    }
+
+    /// Restores sandboxes from the golden image until the pool holds `pool_size` (while the
+    /// host has memory to spare).
+    async fn fill_pool(
+        &self,
+        template: &crate::store::TemplateRecord,
+        golden: &str,
+        stop: &CancellationToken,
+    ) {
+        loop {
+            if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
+                return;
+            }
+            {
+                let mut pools = self.pools();
+                let pool = pools.entry(template.name.clone()).or_default();
+                if pool.ready.len() + pool.filling >= self.limits.pool_size {
+                    return;
+                }
+                pool.filling += 1;
+            }
+            let result = self.start(&template.rootfs, Some(golden)).await;
+            let result = match result {
+                Ok(started) => {
+                    // The hostname now: the restored copy becomes itself before anyone asks.
+                    let init = InitRequest {
+                        default_user: Some("user".into()),
+                        hostname: Some(started.id.to_string()),
+                        ..Default::default()
+                    };
+                    let addr = SlotAddrs::for_slot(started.slot).sandbox;
+                    match self.agent.init(addr, None, &init).await {
+                        Ok(()) => Ok(started),
+                        Err(e) => {
+                            self.release(started.id, started.slot).await;
+                            Err(LifecycleError::Agent(e))
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let mut pools = self.pools();
+            let pool = pools.entry(template.name.clone()).or_default();
+            pool.filling -= 1;
+            match result {
+                Ok(started) => pool.ready.push(started),
+                Err(e) => {
+                    tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// After a (re)start: adopts every recorded running sandbox whose runtime and agent still
+    /// answer, destroys the rest, keeps paused ones whose image is there, then sweeps host
+    /// resources that no record names.
     pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
         let mut report = RecoveryReport::default();
         for record in self.store.sandboxes()? {
-            self.mark_slot(record.slot, true);
-            let addr = SlotAddrs::for_slot(record.slot).sandbox;
+            let slot = match (record.state, record.slot) {
+                (SandboxState::Paused, _) => {
+                    if self.driver.has_image(&paused_image(&record.id)) {
+                        report.paused.push(record.id);
+                    } else {
+                        tracing::warn!(sandbox = %record.id, "paused sandbox has no image; forgetting it");
+                        self.store.delete_sandbox(&record.id)?;
+                        report.removed.push(record.id);
+                    }
+                    continue;
+                }
+                (SandboxState::Running, Some(slot)) => slot,
+                (SandboxState::Running, None) => {
+                    self.store.delete_sandbox(&record.id)?;
+                    report.removed.push(record.id);
+                    continue;
+                }
+            };
+            self.mark_slot(slot, true);
+            let addr = SlotAddrs::for_slot(slot).sandbox;
             let alive = self.driver.is_running(&record.id).await
                 && self
                     .agent
@@ -370,26 +1010,15 @@ impl Lifecycle {
                     .await
                     .is_ok();
             if alive && record.end_at > now_unix() {
-                let sandbox = Arc::new(Sandbox {
-                    addrs: SlotAddrs::for_slot(record.slot),
-                    record: Mutex::new(record.clone()),
-                    killed: CancellationToken::new(),
-                });
+                let sandbox = Sandbox::new(record.clone(), slot);
                 self.live().insert(record.id.clone(), sandbox);
                 report.adopted.push(record.id);
             } else {
-                self.discard(&record.id, record.slot).await;
+                self.discard(&record.id, slot).await;
                 report.removed.push(record.id);
             }
         }
-        let keep: Vec<(SandboxId, u32)> = self
-            .list()
-            .iter()
-            .map(|s| {
-                let r = s.record();
-                (r.id, r.slot)
-            })
-            .collect();
+        let keep: Vec<(SandboxId, u32)> = self.list().iter().map(|s| (s.id(), s.slot)).collect();
         self.driver
             .sweep_orphans(&keep)
             .await
@@ -397,11 +1026,20 @@ impl Lifecycle {
         Ok(report)
     }
 
-    /// Kills every sandbox and waits until the host holds nothing of them.
+    /// Kills every running and pooled sandbox and waits until the host holds nothing of them.
+    /// Paused sandboxes stay on disk for the next start.
     pub async fn shutdown(&self) {
         let ids: Vec<SandboxId> = self.live().keys().cloned().collect();
         for id in ids {
             let _ = self.kill(id.as_str());
+        }
+        let pooled: Vec<Started> = self
+            .pools()
+            .values_mut()
+            .flat_map(|p| p.ready.drain(..))
+            .collect();
+        for p in pooled {
+            self.destroying.spawn(self.release(p.id, p.slot));
         }
         self.settle().await;
     }
@@ -412,6 +1050,19 @@ impl Lifecycle {
         self.destroying.wait().await;
         self.destroying.reopen();
     }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in MiB (unbounded if unreadable).
+fn available_memory_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(u64::MAX)
 }
 
 /// Which network slots are taken, and where the round-robin search goes on.
@@ -433,6 +1084,7 @@ fn mark_slot(slots: &Mutex<Slots>, slot: u32, used: bool) {
 #[derive(Debug, Default)]
 pub struct RecoveryReport {
     pub adopted: Vec<SandboxId>,
+    pub paused: Vec<SandboxId>,
     pub removed: Vec<SandboxId>,
 }
 
@@ -448,7 +1100,9 @@ mod tests {
         running: Mutex<Vec<SandboxId>>,
         destroyed: Mutex<Vec<SandboxId>>,
         swept_keep: Mutex<Vec<SandboxId>>,
+        images: Mutex<HashSet<String>>,
         fail_launch: bool,
+        fail_checkpoint: bool,
     }
 
     #[async_trait::async_trait]
@@ -475,6 +1129,35 @@ mod tests {
             *self.swept_keep.lock().unwrap() = keep.iter().map(|(id, _)| id.clone()).collect();
             Ok(())
         }
+        async fn checkpoint(&self, id: &SandboxId, _: u32, image: &str) -> Result<(), DriverError> {
+            if self.fail_checkpoint {
+                return Err(DriverError::NoSpace("disk full".into()));
+            }
+            assert!(self.running.lock().unwrap().contains(id));
+            self.images.lock().unwrap().insert(image.to_owned());
+            Ok(())
+        }
+        async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<(), DriverError> {
+            assert!(
+                self.images.lock().unwrap().contains(image),
+                "no image {image}"
+            );
+            self.running.lock().unwrap().push(spec.id.clone());
+            Ok(())
+        }
+        fn has_image(&self, image: &str) -> bool {
+            self.images.lock().unwrap().contains(image)
+        }
+        async fn delete_image(&self, image: &str) -> Result<(), DriverError> {
+            self.images.lock().unwrap().remove(image);
+            Ok(())
+        }
+        fn memory_usage(&self, _: &SandboxId) -> Option<u64> {
+            None
+        }
+        fn fingerprint(&self) -> String {
+            "test".into()
+        }
     }
 
     struct ReadyAgent;
@@ -484,7 +1167,10 @@ mod tests {
         async fn wait_ready(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
             Ok(())
         }
-        async fn init(&self, _: Ipv4Addr, _: &InitRequest) -> Result<(), String> {
+        async fn init(&self, _: Ipv4Addr, _: Option<&str>, _: &InitRequest) -> Result<(), String> {
+            Ok(())
+        }
+        async fn warm_up(&self, _: Ipv4Addr) -> Result<(), String> {
             Ok(())
         }
     }
@@ -522,7 +1208,7 @@ mod tests {
         let (_dir, store, lc) = setup(driver.clone(), Limits::default());
         let a = lc.create(params()).await.unwrap();
         let b = lc.create(params()).await.unwrap();
-        assert_eq!((a.record().slot, b.record().slot), (0, 1));
+        assert_eq!((a.record().slot, b.record().slot), (Some(0), Some(1)));
         assert!(a.access_token().is_some());
         assert_eq!(store.sandboxes().unwrap().len(), 2);
 
@@ -534,7 +1220,11 @@ mod tests {
         lc.settle().await;
         assert_eq!(store.sandboxes().unwrap().len(), 1);
         let c = lc.create(params()).await.unwrap();
-        assert_eq!(c.record().slot, 2, "a freed slot is not reused at once");
+        assert_eq!(
+            c.record().slot,
+            Some(2),
+            "a freed slot is not reused at once"
+        );
     }
 
     #[tokio::test]
@@ -579,6 +1269,7 @@ mod tests {
     async fn expiry_and_timeouts() {
         let driver = Arc::new(RecordingDriver::default());
         let (_dir, _store, lc) = setup(driver, Limits::default());
+        let lc = &lc;
         let short = lc
             .create(CreateParams {
                 timeout: Some(Duration::ZERO),
@@ -622,5 +1313,111 @@ mod tests {
             next.record().slot,
             lc2.get(alive.as_str()).unwrap().record().slot
         );
+    }
+
+    #[tokio::test]
+    async fn pause_resume_and_their_conflicts() {
+        let driver = Arc::new(RecordingDriver::default());
+        let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+        let a = lc.create(params()).await.unwrap();
+        let id = a.id().to_string();
+        lc.pause(&id).await.unwrap();
+        assert!(lc.get(&id).is_err(), "a paused sandbox takes no traffic");
+        assert_eq!(lc.record(&id).unwrap().state, SandboxState::Paused);
+        assert_eq!(store.sandboxes().unwrap()[0].slot, None);
+        assert!(matches!(
+            lc.pause(&id).await,
+            Err(LifecycleError::AlreadyPaused(_))
+        ));
+        assert!(matches!(
+            lc.set_timeout(&id, Duration::from_secs(5)),
+            Err(LifecycleError::SandboxNotFound(_))
+        ));
+
+        let (resumed, was_paused) = lc.connect(&id, None).await.unwrap();
+        assert!(was_paused);
+        assert_eq!(resumed.record().state, SandboxState::Running);
+        assert!(
+            !driver.has_image(&paused_image(&resumed.id())),
+            "the spent image is gone"
+        );
+        assert!(matches!(
+            lc.resume(&id, None).await,
+            Err(LifecycleError::AlreadyRunning(_))
+        ));
+        assert!(matches!(
+            lc.pause("nosuchsandbox").await,
+            Err(LifecycleError::SandboxNotFound(_))
+        ));
+
+        lc.pause(&id).await.unwrap();
+        lc.kill(&id).unwrap();
+        lc.settle().await;
+        assert!(store.sandboxes().unwrap().is_empty());
+        assert!(driver.images.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_checkpoint_keeps_the_sandbox_running() {
+        let driver = Arc::new(RecordingDriver {
+            fail_checkpoint: true,
+            ..Default::default()
+        });
+        let (_dir, _store, lc) = setup(driver, Limits::default());
+        let id = lc.create(params()).await.unwrap().id().to_string();
+        assert!(matches!(
+            lc.pause(&id).await,
+            Err(LifecycleError::NoSpace(_))
+        ));
+        let back = lc.get(&id).unwrap();
+        assert_eq!(back.record().state, SandboxState::Running);
+    }
+
+    #[tokio::test]
+    async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
+        let driver = Arc::new(RecordingDriver::default());
+        let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+        let source = lc.create(params()).await.unwrap();
+        let snap = lc
+            .snapshot(source.id().as_str(), Some("ready"))
+            .await
+            .unwrap();
+        assert!(
+            lc.get(source.id().as_str()).is_ok(),
+            "the source keeps running"
+        );
+        let copy = lc
+            .create(CreateParams {
+                template: "ready".into(),
+                ..params()
+            })
+            .await
+            .unwrap();
+        assert_ne!(copy.id(), source.id());
+        assert_eq!(copy.record().template.as_str(), "ready");
+        assert!(matches!(
+            lc.snapshot(source.id().as_str(), Some("Bad Name")).await,
+            Err(LifecycleError::BadSnapshotName(_))
+        ));
+        let forks = lc.fork(source.id().as_str(), 2, None).await.unwrap();
+        assert_eq!(forks.iter().filter(|f| f.is_ok()).count(), 2);
+        assert_eq!(
+            lc.snapshots().unwrap(),
+            vec![snap.clone()],
+            "the fork's snapshot is gone"
+        );
+        assert!(lc.delete_snapshot("ready").await.unwrap());
+        assert!(!lc.delete_snapshot("ready").await.unwrap());
+
+        lc.pause(copy.id().as_str()).await.unwrap();
+        let lc2 = Lifecycle::new(
+            store.clone(),
+            driver.clone(),
+            Arc::new(ReadyAgent),
+            Limits::default(),
+        );
+        let report = lc2.recover().await.unwrap();
+        assert_eq!(report.paused, vec![copy.id()]);
+        lc2.resume(copy.id().as_str(), None).await.unwrap();
     }
 }

@@ -1,4 +1,4 @@
-//! State in one SQLite file under the data dir: sandboxes, templates and API keys.
+//! State in one SQLite file under the data dir: sandboxes, templates, snapshots and API keys.
 //!
 //! Every write is a single statement, so a `kill -9` at any point leaves a consistent file.
 
@@ -16,12 +16,41 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-/// A sandbox as recorded; enough to adopt it after a restart.
+/// Whether a sandbox runs or sits on disk as a checkpoint image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxState {
+    Running,
+    Paused,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "running" => Some(SandboxState::Running),
+            "paused" => Some(SandboxState::Paused),
+            _ => None,
+        }
+    }
+}
+
+/// A sandbox as recorded; enough to adopt or resume it after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRecord {
     pub id: SandboxId,
+    /// The template (or snapshot) it was created from.
     pub template: TemplateName,
-    pub slot: u32,
+    /// The read-only root filesystem under its writable layer; a resume needs the same one.
+    pub rootfs: PathBuf,
+    pub state: SandboxState,
+    /// The network slot while running; a paused sandbox holds none.
+    pub slot: Option<u32>,
     /// `None` when the sandbox was created with `secure: false`.
     pub access_token: Option<String>,
     pub metadata: BTreeMap<String, String>,
@@ -33,6 +62,10 @@ pub struct SandboxRecord {
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub disk_mb: u32,
+    /// Pause instead of kill when the timeout passes (E2B's `lifecycle.onTimeout = "pause"`).
+    pub pause_on_timeout: bool,
+    /// Resume on connect-style traffic (E2B's `autoResume`); recorded and reported.
+    pub auto_resume: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,15 +77,33 @@ pub struct TemplateRecord {
     pub size_bytes: u64,
 }
 
+/// A saved state of a sandbox that new sandboxes can start from (E2B's snapshots).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    /// Also the name `Sandbox.create()` takes in place of a template.
+    pub id: TemplateName,
+    /// The driver's checkpoint image.
+    pub image: String,
+    /// The template the source sandbox was created from, and its rootfs.
+    pub template: TemplateName,
+    pub rootfs: PathBuf,
+    pub source_sandbox: SandboxId,
+    /// The source's access token, which the agents restored from it hold until `/init`.
+    pub access_token: Option<String>,
+    pub created_at: i64,
+}
+
 pub struct Store {
     conn: Mutex<Connection>,
 }
 
-const SCHEMA: &str = "
+const SANDBOXES_TABLE: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
     template TEXT NOT NULL,
-    slot INTEGER NOT NULL UNIQUE,
+    rootfs TEXT NOT NULL,
+    state TEXT NOT NULL,
+    slot INTEGER UNIQUE,
     access_token TEXT,
     metadata TEXT NOT NULL,
     env_vars TEXT NOT NULL,
@@ -60,7 +111,20 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     end_at INTEGER NOT NULL,
     cpu_count INTEGER NOT NULL,
     memory_mb INTEGER NOT NULL,
-    disk_mb INTEGER NOT NULL
+    disk_mb INTEGER NOT NULL,
+    pause_on_timeout INTEGER NOT NULL,
+    auto_resume INTEGER NOT NULL
+);";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    image TEXT NOT NULL,
+    template TEXT NOT NULL,
+    rootfs TEXT NOT NULL,
+    source_sandbox TEXT NOT NULL,
+    access_token TEXT,
+    created_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS templates (
     name TEXT PRIMARY KEY,
@@ -81,6 +145,8 @@ impl Store {
         // WAL lets the CLI read while the server writes; the busy timeout covers short overlaps.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        migrate_sandboxes_v1(&conn)?;
+        conn.execute_batch(SANDBOXES_TABLE)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
             conn: Mutex::new(conn),
@@ -95,11 +161,15 @@ impl Store {
 
     pub fn insert_sandbox(&self, r: &SandboxRecord) -> Result<(), StoreError> {
         self.conn().execute(
-            "INSERT INTO sandboxes (id, template, slot, access_token, metadata, env_vars, started_at,
-             end_at, cpu_count, memory_mb, disk_mb) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
+             env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
+             auto_resume)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
             params![
                 r.id.as_str(),
                 r.template.as_str(),
+                r.rootfs.to_string_lossy(),
+                r.state.as_str(),
                 r.slot,
                 r.access_token,
                 serde_json::to_string(&r.metadata).expect("map serializes"),
@@ -108,8 +178,25 @@ impl Store {
                 r.end_at,
                 r.cpu_count,
                 r.memory_mb,
-                r.disk_mb
+                r.disk_mb,
+                r.pause_on_timeout,
+                r.auto_resume
             ],
+        )?;
+        Ok(())
+    }
+
+    /// Records a pause (no slot) or a resume (a slot and a new deadline).
+    pub fn set_state(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        slot: Option<u32>,
+        end_at: i64,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE sandboxes SET state = ?2, slot = ?3, end_at = ?4 WHERE id = ?1",
+            params![id.as_str(), state.as_str(), slot, end_at],
         )?;
         Ok(())
     }
@@ -131,44 +218,105 @@ impl Store {
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT id, template, slot, access_token, metadata, env_vars, started_at, end_at,
-             cpu_count, memory_mb, disk_mb FROM sandboxes ORDER BY started_at, id",
+            "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
+             started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume
+             FROM sandboxes ORDER BY started_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, u32>(2)?,
-                row.get::<_, Option<String>>(3)?,
-                row.get::<_, String>(4)?,
-                row.get::<_, String>(5)?,
-                row.get::<_, i64>(6)?,
-                row.get::<_, i64>(7)?,
-                row.get::<_, u32>(8)?,
-                row.get::<_, u32>(9)?,
-                row.get::<_, u32>(10)?,
-            ))
+            let id: String = row.get(0)?;
+            let corrupt = |_| StoreError::Corrupt(id.clone());
+            let text = |i| row.get::<_, String>(i);
+            Ok((|| -> Result<SandboxRecord, StoreError> {
+                Ok(SandboxRecord {
+                    id: SandboxId::parse(&id).map_err(corrupt)?,
+                    template: TemplateName::parse(&text(1)?).map_err(corrupt)?,
+                    rootfs: PathBuf::from(text(2)?),
+                    state: SandboxState::parse(&text(3)?)
+                        .ok_or_else(|| StoreError::Corrupt(id.clone()))?,
+                    slot: row.get(4)?,
+                    access_token: row.get(5)?,
+                    metadata: serde_json::from_str(&text(6)?)
+                        .map_err(|_| StoreError::Corrupt(id.clone()))?,
+                    env_vars: serde_json::from_str(&text(7)?)
+                        .map_err(|_| StoreError::Corrupt(id.clone()))?,
+                    started_at: row.get(8)?,
+                    end_at: row.get(9)?,
+                    cpu_count: row.get(10)?,
+                    memory_mb: row.get(11)?,
+                    disk_mb: row.get(12)?,
+                    pause_on_timeout: row.get(13)?,
+                    auto_resume: row.get(14)?,
+                })
+            })())
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (id, template, slot, token, metadata, env_vars, started, end, cpu, mem, disk) =
-                row?;
-            let corrupt = || StoreError::Corrupt(id.clone());
-            out.push(SandboxRecord {
-                id: SandboxId::parse(&id).map_err(|_| corrupt())?,
-                template: TemplateName::parse(&template).map_err(|_| corrupt())?,
-                slot,
-                access_token: token,
-                metadata: serde_json::from_str(&metadata).map_err(|_| corrupt())?,
-                env_vars: serde_json::from_str(&env_vars).map_err(|_| corrupt())?,
-                started_at: started,
-                end_at: end,
-                cpu_count: cpu,
-                memory_mb: mem,
-                disk_mb: disk,
-            });
+            out.push(row??);
         }
         Ok(out)
+    }
+
+    pub fn sandbox(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
+        Ok(self.sandboxes()?.into_iter().find(|r| r.id == *id))
+    }
+
+    // ------------------------------------------------------------ snapshots
+
+    pub fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO snapshots (id, image, template, rootfs, source_sandbox,
+             access_token, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                s.id.as_str(),
+                s.image,
+                s.template.as_str(),
+                s.rootfs.to_string_lossy(),
+                s.source_sandbox.as_str(),
+                s.access_token,
+                s.created_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, image, template, rootfs, source_sandbox, access_token, created_at
+             FROM snapshots ORDER BY created_at, id",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            let id: String = row.get(0)?;
+            let corrupt = |_| StoreError::Corrupt(id.clone());
+            Ok((|| -> Result<SnapshotRecord, StoreError> {
+                Ok(SnapshotRecord {
+                    id: TemplateName::parse(&id).map_err(corrupt)?,
+                    image: row.get(1)?,
+                    template: TemplateName::parse(&row.get::<_, String>(2)?).map_err(corrupt)?,
+                    rootfs: PathBuf::from(row.get::<_, String>(3)?),
+                    source_sandbox: SandboxId::parse(&row.get::<_, String>(4)?).map_err(corrupt)?,
+                    access_token: row.get(5)?,
+                    created_at: row.get(6)?,
+                })
+            })())
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row??);
+        }
+        Ok(out)
+    }
+
+    pub fn snapshot(&self, id: &TemplateName) -> Result<Option<SnapshotRecord>, StoreError> {
+        Ok(self.snapshots()?.into_iter().find(|s| s.id == *id))
+    }
+
+    /// Returns whether it existed.
+    pub fn delete_snapshot(&self, id: &TemplateName) -> Result<bool, StoreError> {
+        let n = self
+            .conn()
+            .execute("DELETE FROM snapshots WHERE id = ?1", params![id.as_str()])?;
+        Ok(n == 1)
     }
 
     // ------------------------------------------------------------ templates
@@ -250,6 +398,43 @@ impl Store {
     }
 }
 
+/// Databases from before pause/resume have a `sandboxes` table without `state`, `rootfs` and
+/// the lifecycle flags, and with a `NOT NULL` slot. Their rows are running sandboxes: they are
+/// carried over with their template's rootfs.
+fn migrate_sandboxes_v1(conn: &Connection) -> Result<(), StoreError> {
+    let has_table: bool = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    let has_state: bool = conn
+        .query_row(
+            "SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'state'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if !has_table || has_state {
+        return Ok(());
+    }
+    conn.execute_batch(&format!(
+        "BEGIN;
+         ALTER TABLE sandboxes RENAME TO sandboxes_v1;
+         {SANDBOXES_TABLE}
+         INSERT INTO sandboxes SELECT s.id, s.template, COALESCE(t.rootfs, ''), 'running', s.slot,
+             s.access_token, s.metadata, s.env_vars, s.started_at, s.end_at, s.cpu_count,
+             s.memory_mb, s.disk_mb, 0, 0
+             FROM sandboxes_v1 s LEFT JOIN templates t ON t.name = s.template;
+         DROP TABLE sandboxes_v1;
+         COMMIT;"
+    ))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,7 +443,9 @@ mod tests {
         SandboxRecord {
             id: SandboxId::parse(id).unwrap(),
             template: TemplateName::parse("base").unwrap(),
-            slot,
+            rootfs: "/t/rootfs".into(),
+            state: SandboxState::Running,
+            slot: Some(slot),
             access_token: Some("tok".into()),
             metadata: BTreeMap::from([("k".into(), "v".into())]),
             env_vars: BTreeMap::new(),
@@ -267,6 +454,8 @@ mod tests {
             cpu_count: 2,
             memory_mb: 1024,
             disk_mb: 5120,
+            pause_on_timeout: true,
+            auto_resume: false,
         }
     }
 
@@ -293,6 +482,63 @@ mod tests {
         assert_eq!(all[1], record("b2", 1));
         store.delete_sandbox(&all[0].id).unwrap();
         assert_eq!(store.sandboxes().unwrap().len(), 1);
+
+        // Paused sandboxes hold no slot, so several can coexist.
+        store
+            .set_state(&all[1].id, SandboxState::Paused, None, 0)
+            .unwrap();
+        let mut c = record("c3", 0);
+        c.state = SandboxState::Paused;
+        c.slot = None;
+        store.insert_sandbox(&c).unwrap();
+        let paused = store.sandboxes().unwrap();
+        assert!(paused
+            .iter()
+            .all(|r| r.state == SandboxState::Paused && r.slot.is_none()));
+    }
+
+    #[test]
+    fn old_databases_are_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("airlock.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, template TEXT NOT NULL,
+               slot INTEGER NOT NULL UNIQUE, access_token TEXT, metadata TEXT NOT NULL,
+               env_vars TEXT NOT NULL, started_at INTEGER NOT NULL, end_at INTEGER NOT NULL,
+               cpu_count INTEGER NOT NULL, memory_mb INTEGER NOT NULL, disk_mb INTEGER NOT NULL);
+             CREATE TABLE templates (name TEXT PRIMARY KEY, content_hash TEXT NOT NULL,
+               rootfs TEXT NOT NULL, built_at INTEGER NOT NULL, size_bytes INTEGER NOT NULL);
+             INSERT INTO templates VALUES ('base', 'h', '/t/rootfs', 1, 1);
+             INSERT INTO sandboxes VALUES ('a1', 'base', 3, 'tok', '{}', '{}', 1, 2, 2, 1024, 5120);",
+        )
+        .unwrap();
+        drop(conn);
+        let store = Store::open(&path).unwrap();
+        let all = store.sandboxes().unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].rootfs, PathBuf::from("/t/rootfs"));
+        assert_eq!(all[0].state, SandboxState::Running);
+        assert_eq!(all[0].slot, Some(3));
+    }
+
+    #[test]
+    fn snapshots_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let snap = SnapshotRecord {
+            id: TemplateName::parse("snap1").unwrap(),
+            image: "snapshot-snap1".into(),
+            template: TemplateName::parse("base").unwrap(),
+            rootfs: "/t/rootfs".into(),
+            source_sandbox: SandboxId::parse("a1").unwrap(),
+            access_token: Some("tok".into()),
+            created_at: 3,
+        };
+        store.insert_snapshot(&snap).unwrap();
+        assert_eq!(store.snapshot(&snap.id).unwrap(), Some(snap.clone()));
+        assert!(store.delete_snapshot(&snap.id).unwrap());
+        assert!(!store.delete_snapshot(&snap.id).unwrap());
     }
 
     #[test]

@@ -38,6 +38,22 @@ pub(crate) fn ids() -> Vec<String> {
     ids
 }
 
+/// The memory the sandbox's cgroup is charged for, in bytes (v1 `memory.usage_in_bytes`, v2
+/// `memory.current`); `None` if the sandbox has no memory cgroup.
+pub(crate) fn memory_usage(id: &str) -> Option<u64> {
+    let root = Path::new(CGROUP_ROOT);
+    [
+        root.join("memory")
+            .join(PARENT)
+            .join(id)
+            .join("memory.usage_in_bytes"),
+        root.join(PARENT).join(id).join("memory.current"),
+    ]
+    .iter()
+    .find_map(|f| std::fs::read_to_string(f).ok())
+    .and_then(|s| s.trim().parse().ok())
+}
+
 /// Removes the sandbox's cgroup directories; they must hold no process any more.
 pub(crate) fn remove(id: &str) -> Result<(), DriverError> {
     for parent in parents() {

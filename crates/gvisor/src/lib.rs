@@ -23,6 +23,15 @@
 //! - **Limits: cgroups `airlock/{id}`** with the memory limit (gVisor also reports it as
 //!   `MemTotal`) and a CPU quota of `cpu_count` CPUs. runsc creates and removes them.
 //!
+//! - **Checkpoints: `runsc checkpoint --leave-running`** into `images/{name}`, written under a
+//!   temporary name and renamed, so an image is either whole or absent. A failed checkpoint
+//!   (a full disk) leaves the sandbox running; without `--leave-running` it would stop it. Before
+//!   checkpointing, the driver waits for the host's connections into the sandbox to close (see
+//!   [`net::wait_until_drained`]). Images hold memory and the overlay's writes, not the
+//!   template: a restore must use the same rootfs. A restore into another sandbox (new id, netns,
+//!   address, `/etc/hosts`) works: netstack takes the new netns's address, and the agent listens
+//!   on every address.
+//!
 //! The sandbox's first process is the agent, bind-mounted read-only at
 //! `/opt/airlock/airlock-agent` and started as root with Docker's default capabilities minus
 //! `NET_RAW`. Its stdin is `/dev/null` and its stdout/stderr are the bundle's `launch.log`
@@ -75,8 +84,15 @@ pub struct GvisorDriver {
     _host_lock: nix::fcntl::Flock<std::fs::File>,
     runsc: Runsc,
     bundles: PathBuf,
+    images: PathBuf,
     agent_binary: String,
+    fingerprint: String,
 }
+
+/// How long a checkpoint waits for the host's connections into the sandbox to close.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Free disk space a checkpoint leaves at least, beyond the image's estimated size.
+const CHECKPOINT_HEADROOM: u64 = 64 << 20;
 
 fn take_host_lock() -> Result<nix::fcntl::Flock<std::fs::File>, DriverError> {
     use std::io::{Read, Seek, Write};
@@ -118,7 +134,7 @@ impl GvisorDriver {
         }
         let mut dirs = std::fs::DirBuilder::new();
         dirs.recursive(true).mode(0o700);
-        for sub in ["runsc", "bundles"] {
+        for sub in ["runsc", "bundles", "images"] {
             let dir = config.state_dir.join(sub);
             dirs.create(&dir)
                 .map_err(DriverError::io(format!("creating {}", dir.display())))?;
@@ -129,13 +145,16 @@ impl GvisorDriver {
             format!("resolving {}", config.state_dir.display()),
         ))?;
         utf8("state dir", &state_dir)?;
+        let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_lock = take_host_lock()?;
         net::guard_host()?;
         Ok(GvisorDriver {
             _host_lock: host_lock,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
             bundles: state_dir.join("bundles"),
+            images: state_dir.join("images"),
             agent_binary: utf8("agent binary", &agent)?.to_owned(),
+            fingerprint,
         })
     }
 
@@ -143,7 +162,49 @@ impl GvisorDriver {
         self.bundles.join(id)
     }
 
-    async fn try_launch(&self, spec: &LaunchSpec, rootfs: &str) -> Result<(), DriverError> {
+    fn image_dir(&self, image: &str) -> Result<PathBuf, DriverError> {
+        if !airlock_core::driver::valid_image_name(image) {
+            return Err(DriverError::Command {
+                what: format!("using image '{image}'"),
+                detail: "not a valid image name".into(),
+            });
+        }
+        Ok(self.images.join(image))
+    }
+
+    /// Refuses a checkpoint the disk cannot hold: the image is about the size of the memory the
+    /// sandbox is charged for plus its overlay's writes.
+    fn check_space_for(&self, id: &str) -> Result<(), DriverError> {
+        let overlay = self.bundle_dir(id).join("overlay");
+        let writes: u64 = std::fs::read_dir(&overlay)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                    .sum()
+            })
+            .unwrap_or(0);
+        let needed = cgroup::memory_usage(id).unwrap_or(0) + writes + CHECKPOINT_HEADROOM;
+        let stat = nix::sys::statvfs::statvfs(&self.images)
+            .map_err(|e| DriverError::io("checking free disk space")(e.into()))?;
+        let free = stat.blocks_available() * stat.fragment_size();
+        if free < needed {
+            return Err(DriverError::NoSpace(format!(
+                "saving sandbox {id} needs about {} MiB on the server's disk, and {} MiB are free",
+                needed >> 20,
+                free >> 20
+            )));
+        }
+        Ok(())
+    }
+
+    async fn try_launch(
+        &self,
+        spec: &LaunchSpec,
+        rootfs: &str,
+        image: Option<&Path>,
+    ) -> Result<(), DriverError> {
         let id = spec.id.as_str();
         net::setup(id, spec.slot).await?;
 
@@ -182,6 +243,7 @@ impl GvisorDriver {
                 bundle: &bundle,
                 overlay_dir: &overlay_dir,
                 log: &bundle.join("launch.log"),
+                image,
             })
             .await
     }
@@ -227,9 +289,9 @@ impl GvisorDriver {
     }
 }
 
-#[async_trait::async_trait]
-impl Driver for GvisorDriver {
-    async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError> {
+impl GvisorDriver {
+    /// Boots (`image: None`) or restores a sandbox, and cleans up after itself on failure.
+    async fn start(&self, spec: &LaunchSpec, image: Option<&Path>) -> Result<(), DriverError> {
         let id = spec.id.as_str();
         if spec.slot >= SlotAddrs::MAX_SLOTS {
             return Err(DriverError::Command {
@@ -254,10 +316,10 @@ impl Driver for GvisorDriver {
         let rootfs = utf8("rootfs", &spec.rootfs)?;
 
         let started = Instant::now();
-        let result = self.try_launch(spec, rootfs).await;
+        let result = self.try_launch(spec, rootfs, image).await;
         match &result {
             Ok(()) => {
-                tracing::debug!(%id, slot = spec.slot, elapsed = ?started.elapsed(), "sandbox launched")
+                tracing::debug!(%id, slot = spec.slot, restored = image.is_some(), elapsed = ?started.elapsed(), "sandbox started")
             }
             Err(err) => {
                 tracing::warn!(%id, slot = spec.slot, error = %err, "launch failed; cleaning up");
@@ -267,6 +329,82 @@ impl Driver for GvisorDriver {
             }
         }
         result
+    }
+}
+
+#[async_trait::async_trait]
+impl Driver for GvisorDriver {
+    async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError> {
+        self.start(spec, None).await
+    }
+
+    async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<(), DriverError> {
+        let dir = self.image_dir(image)?;
+        if !dir.is_dir() {
+            return Err(DriverError::Command {
+                what: format!("restoring {}", spec.id),
+                detail: format!("image '{image}' does not exist"),
+            });
+        }
+        self.start(spec, Some(&dir)).await
+    }
+
+    async fn checkpoint(&self, id: &SandboxId, slot: u32, image: &str) -> Result<(), DriverError> {
+        let dir = self.image_dir(image)?;
+        self.check_space_for(id.as_str())?;
+        let addr = SlotAddrs::for_slot(slot).sandbox;
+        if !net::wait_until_drained(addr, DRAIN_TIMEOUT).await {
+            return Err(DriverError::Command {
+                what: format!("checkpointing {id}"),
+                detail: "connections into the sandbox did not close; try again".into(),
+            });
+        }
+        let partial = self.images.join(format!(".{image}.partial"));
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&partial)
+            .map_err(DriverError::io(format!("creating {}", partial.display())))?;
+        let started = Instant::now();
+        let result = match self.runsc.checkpoint(id.as_str(), &partial).await {
+            Ok(()) => std::fs::remove_dir_all(&dir)
+                .or_else(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(e),
+                })
+                .and_then(|()| std::fs::rename(&partial, &dir))
+                .map_err(DriverError::io(format!("storing image {}", dir.display()))),
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&partial);
+            // What looks like any other failure is often the disk filling up mid-write.
+            self.check_space_for(id.as_str())?;
+        }
+        tracing::debug!(%id, image, elapsed = ?started.elapsed(), ok = result.is_ok(), "checkpoint");
+        result
+    }
+
+    fn has_image(&self, image: &str) -> bool {
+        self.image_dir(image).is_ok_and(|d| d.is_dir())
+    }
+
+    async fn delete_image(&self, image: &str) -> Result<(), DriverError> {
+        let dir = self.image_dir(image)?;
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(DriverError::io(format!("deleting {}", dir.display()))(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn memory_usage(&self, id: &SandboxId) -> Option<u64> {
+        cgroup::memory_usage(id.as_str())
+    }
+
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
     }
 
     async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError> {
@@ -310,6 +448,33 @@ impl Driver for GvisorDriver {
         }
         result
     }
+}
+
+/// Tags images with the agent binary (size and modification time) and the runsc binary they
+/// were taken with: a restore needs the very same agent file and the same runtime.
+fn fingerprint(agent: &Path, runsc: &Path) -> Result<String, DriverError> {
+    use std::hash::{Hash, Hasher};
+    let runsc = which(runsc);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for path in [agent, runsc.as_path()] {
+        let md = std::fs::metadata(path)
+            .map_err(DriverError::io(format!("reading {}", path.display())))?;
+        (path, md.len(), md.modified().ok()).hash(&mut hasher);
+    }
+    Ok(format!("{:016x}", hasher.finish()))
+}
+
+/// `bin` itself if it has a slash, else its first match in `PATH`.
+fn which(bin: &Path) -> PathBuf {
+    if bin.components().count() > 1 {
+        return bin.to_owned();
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(bin))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| bin.to_owned())
 }
 
 fn write(path: &Path, contents: String) -> Result<(), DriverError> {

@@ -12,8 +12,10 @@
 //! NAT yet, so nothing beyond the host is reachable either; egress policy is a later layer.
 
 use airlock_core::driver::{DriverError, SlotAddrs};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
@@ -122,6 +124,54 @@ fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> 
     Ok(out)
 }
 
+/// Host-side TCP states in which the sandbox's end of the connection is closed too: after
+/// `TIME_WAIT` (the host closed first and the sandbox acknowledged) or `CLOSE`, netstack holds
+/// nothing. Any other state means the sandbox still has a connected endpoint.
+const DRAINED_STATES: &[&str] = &["06", "07"];
+
+/// Waits until the host holds no TCP connection to `sandbox` whose other end is still open
+/// inside it, or `within` passes; returns whether it drained.
+///
+/// Why: a checkpoint resets connected endpoints (`--net-disconnect-ok`), and with this runsc a
+/// listening socket whose accepted connection was reset that way accepts no connection after a
+/// restore (the handshake completes, the application is never woken). The agent's own listener
+/// is one, so the lifecycle closes its connections and this waits for the sandbox side to let go.
+pub(crate) async fn wait_until_drained(sandbox: Ipv4Addr, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let open = match std::fs::read_to_string("/proc/net/tcp") {
+            Ok(table) => open_connections(&table, sandbox),
+            Err(_) => 0,
+        };
+        if open == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(%sandbox, open, "connections to the sandbox did not close in time");
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// How many rows of a `/proc/net/tcp` table connect to `peer` in a state other than
+/// [`DRAINED_STATES`] (listeners have no peer, so they never match).
+fn open_connections(table: &str, peer: Ipv4Addr) -> usize {
+    // Addresses are the raw 32-bit value in host byte order, printed as hex: `0200A8C0:1F90`.
+    let peer_hex = format!("{:08X}", u32::from_ne_bytes(peer.octets()));
+    table
+        .lines()
+        .skip(1)
+        .filter(|row| {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            let (Some(remote), Some(state)) = (cols.get(2), cols.get(3)) else {
+                return false;
+            };
+            remote.split(':').next() == Some(peer_hex.as_str()) && !DRAINED_STATES.contains(state)
+        })
+        .count()
+}
+
 /// The firewall rule that keeps sandboxes off the host: new connections in from any sandbox
 /// link are dropped (replies to connections the host opened are `ESTABLISHED`, not `NEW`).
 const GUARD_RULE: &[&str] = &[
@@ -226,5 +276,19 @@ mod tests {
         assert!(inside.contains("addr add 10.77.0.6/30 dev eth0\n"));
         assert!(inside.contains("route add default via 10.77.0.5\n"));
         assert_eq!(link_name(SlotAddrs::MAX_SLOTS - 1).len(), 8);
+    }
+
+    #[test]
+    fn counts_only_connections_still_open_inside_the_sandbox() {
+        // 10.77.0.2 is 0x0A4D0002, printed little-endian as 02004D0A.
+        let table = "  sl  local_address rem_address   st\n\
+            0: 01004D0A:9C40 02004D0A:C33F 01 0:0\n\
+            1: 01004D0A:9C41 02004D0A:C33F 06 0:0\n\
+            2: 01004D0A:9C42 02004D0A:C33F 05 0:0\n\
+            3: 01004D0A:9C43 06004D0A:C33F 01 0:0\n\
+            4: 00000000:0BB8 00000000:0000 0A 0:0\n";
+        assert_eq!(open_connections(table, Ipv4Addr::new(10, 77, 0, 2)), 2);
+        assert_eq!(open_connections(table, Ipv4Addr::new(10, 77, 0, 6)), 1);
+        assert_eq!(open_connections(table, Ipv4Addr::new(10, 77, 0, 10)), 0);
     }
 }

@@ -7,6 +7,9 @@ pub const AGENT_PATH: &str = "/opt/airlock/airlock-agent";
 
 /// Docker's default capability set minus `CAP_NET_RAW` (no raw sockets: no packet crafting or
 /// ARP games on the sandbox's link). Root inside keeps what package installs and sudo need.
+/// Plus `CAP_SYS_ADMIN` for the agent alone: it renames a sandbox restored from a checkpoint
+/// (`sethostname`), and drops it from the bounding set at start, so no process it starts, root
+/// or not, ever holds it.
 const CAPABILITIES: &[&str] = &[
     "CAP_AUDIT_WRITE",
     "CAP_CHOWN",
@@ -20,6 +23,7 @@ const CAPABILITIES: &[&str] = &[
     "CAP_SETGID",
     "CAP_SETPCAP",
     "CAP_SETUID",
+    "CAP_SYS_ADMIN",
     "CAP_SYS_CHROOT",
 ];
 
@@ -159,7 +163,8 @@ mod tests {
                 .collect();
             assert!(set.contains(&"CAP_SETUID"));
             assert!(!set.contains(&"CAP_NET_RAW"));
-            assert!(!set.contains(&"CAP_SYS_ADMIN"));
+            // The agent's, to set a restored sandbox's hostname; it keeps it from its children.
+            assert!(set.contains(&"CAP_SYS_ADMIN"));
         }
         assert_eq!(s["root"]["path"], "/t/rootfs");
         assert_eq!(s["hostname"], "abc");

@@ -30,6 +30,8 @@ pub(crate) struct RunArgs<'a> {
     pub overlay_dir: &'a Path,
     /// runsc's stdout and stderr, and then the sandbox's first process's.
     pub log: &'a Path,
+    /// Restore this checkpoint image instead of booting the sandbox.
+    pub image: Option<&'a Path>,
 }
 
 pub(crate) struct Runsc {
@@ -51,7 +53,8 @@ impl Runsc {
         cmd
     }
 
-    /// `runsc run --detach`: returns once the sandbox's first process runs.
+    /// `runsc run --detach` (or `runsc restore --detach` from [`RunArgs::image`]): returns once
+    /// the sandbox's first process runs.
     ///
     /// Flags, and why:
     /// - `--platform=systrap`: works on any x86_64 host; our `/dev/kvm` runs only PVM guests.
@@ -60,6 +63,10 @@ impl Runsc {
     ///   (`--network=host` refuses checkpoint).
     /// - `--overlay2=root:dir=…`: the rootfs is the shared, read-only template; each sandbox's
     ///   writes land in a filestore file under its own bundle, on disk rather than in host RAM.
+    /// - `--net-disconnect-ok`: a checkpoint resets the sandbox's TCP connections to the outside
+    ///   instead of refusing to save them. The lifecycle drains connections first anyway (see
+    ///   [`crate::net::wait_until_drained`]); this covers what it cannot close, such as a
+    ///   sandbox's own outbound connections.
     pub async fn run_detached(&self, args: &RunArgs<'_>) -> Result<(), DriverError> {
         let log = std::fs::File::create(args.log)
             .map_err(DriverError::io(format!("creating {}", args.log.display())))?;
@@ -71,9 +78,17 @@ impl Runsc {
         overlay.push(args.overlay_dir);
 
         let mut cmd = self.command();
-        cmd.args(["--platform=systrap", "--network=sandbox"])
-            .arg(overlay)
-            .args(["run", "--detach", "--bundle"])
+        cmd.args([
+            "--platform=systrap",
+            "--network=sandbox",
+            "--net-disconnect-ok",
+        ])
+        .arg(overlay);
+        match args.image {
+            None => cmd.arg("run"),
+            Some(image) => cmd.arg("restore").arg("--image-path").arg(image),
+        };
+        cmd.args(["--detach", "--bundle"])
             .arg(args.bundle)
             .arg(args.id)
             .stdout(log)
@@ -97,6 +112,34 @@ impl Runsc {
                 detail: format!("{status}: {}", log_tail(args.log)),
             })
         }
+    }
+
+    /// `runsc checkpoint --leave-running`: writes the sandbox's memory and filesystem to
+    /// `image` (a directory) while the sandbox keeps running. Without `--leave-running` a failed
+    /// checkpoint (a full disk, say) stops the sandbox and everything in it is lost; with it, a
+    /// failure leaves the sandbox as it was.
+    pub async fn checkpoint(&self, id: &str, image: &Path) -> Result<(), DriverError> {
+        let mut cmd = self.command();
+        // Uncompressed: restores read the pages back faster, and disk is cheaper than latency.
+        cmd.args([
+            "checkpoint",
+            "--leave-running",
+            "--compression=none",
+            "--image-path",
+        ])
+        .arg(image)
+        .arg(id);
+        let out = self.output("runsc checkpoint", cmd).await?;
+        if out.status.success() {
+            return Ok(());
+        }
+        // runsc prints a Go stack trace after the reason; the first line is the reason.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let reason = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        Err(DriverError::Command {
+            what: "runsc checkpoint".into(),
+            detail: format!("{}: {}", out.status, reason.trim()),
+        })
     }
 
     /// `runsc delete --force`: kills the sandbox and removes its state and cgroups. Succeeds if

@@ -3,19 +3,24 @@
 use crate::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::lifecycle::{CreateParams, Sandbox as LiveSandbox};
-use airlock_core::store::SandboxRecord;
-use airlock_wire::api::{NewSandbox, Sandbox, SandboxDetail, SandboxState, TimeoutBody};
+use airlock_core::store::{SandboxRecord, SandboxState as StoredState, SnapshotRecord};
+use airlock_wire::api::{
+    ErrorBody, ForkRequest, ForkResult, NewSandbox, Sandbox, SandboxDetail, SandboxLifecycle,
+    SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
+};
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+/// Most forks one call may ask for (E2B's limit).
+const MAX_FORKS: usize = 20;
 /// Largest `limit` a list call may ask for.
 const MAX_PAGE: usize = 1000;
 /// Caps on what a create may attach, so one client cannot bloat the store.
@@ -30,8 +35,12 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/pause", post(not_yet))
-        .route("/sandboxes/{id}/resume", post(not_yet))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/snapshots", get(list_snapshots))
+        .route("/templates/{id}", delete(delete_snapshot))
         .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
 }
 
@@ -102,6 +111,8 @@ async fn create(state: &AppState, body: NewSandbox, secure: bool) -> Result<Resp
             metadata,
             env_vars,
             secure,
+            pause_on_timeout: body.auto_pause.unwrap_or(false),
+            auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
@@ -153,13 +164,20 @@ fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
         cpu_count: r.cpu_count,
         memory_mb: r.memory_mb,
         disk_size_mb: r.disk_mb,
-        state: SandboxState::Running,
+        state: match r.state {
+            StoredState::Running => SandboxState::Running,
+            StoredState::Paused => SandboxState::Paused,
+        },
         metadata: r.metadata.clone(),
         envd_access_token: if with_token {
             r.access_token.clone()
         } else {
             None
         },
+        lifecycle: Some(SandboxLifecycle {
+            auto_resume: r.auto_resume,
+            on_timeout: if r.pause_on_timeout { "pause" } else { "kill" }.into(),
+        }),
     }
 }
 
@@ -167,8 +185,7 @@ async fn detail(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, ApiError> {
-    let sandbox = state.lifecycle.get(&id)?;
-    Ok(Json(detail_body(&sandbox.record(), true)))
+    Ok(Json(detail_body(&state.lifecycle.record(&id)?, true)))
 }
 
 async fn kill(
@@ -193,17 +210,24 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Connect to a running sandbox: extends its timeout if one is given (200; a resume would be 201).
+/// Connect: a running sandbox gets its timeout extended if one is given (200); a paused one is
+/// resumed (201).
 async fn connect(
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    let sandbox = state.lifecycle.get(&id)?;
-    if let Some(secs) = body.timeout {
-        extend_only(&state, &sandbox, secs)?;
+    if let Ok(sandbox) = state.lifecycle.get(&id) {
+        if let Some(secs) = body.timeout {
+            extend_only(&state, &sandbox, secs)?;
+        }
+        return Ok((StatusCode::OK, Json(sandbox_body(&sandbox.record()))).into_response());
     }
-    Ok((StatusCode::OK, Json(sandbox_body(&sandbox.record()))).into_response())
+    let (sandbox, _) = state
+        .lifecycle
+        .connect(&id, body.timeout.map(Duration::from_secs))
+        .await?;
+    Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
 }
 
 /// Connecting never shortens a sandbox's life, it only extends it.
@@ -218,11 +242,104 @@ fn extend_only(state: &AppState, sandbox: &LiveSandbox, secs: u64) -> Result<(),
     Ok(())
 }
 
-async fn not_yet() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "pause and resume are not supported by this Airlock server yet",
-    )
+/// The body is optional (`{}` or E2B's `{"memory": false, ...}`); every pause keeps memory.
+async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.lifecycle.pause(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<TimeoutBody>,
+) -> Result<Response, ApiError> {
+    let sandbox = state
+        .lifecycle
+        .resume(&id, body.timeout.map(Duration::from_secs))
+        .await?;
+    Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
+}
+
+fn snapshot_info(s: &SnapshotRecord) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_id: s.id.to_string(),
+        names: vec![s.id.to_string()],
+    }
+}
+
+async fn create_snapshot(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<SnapshotRequest>,
+) -> Result<Response, ApiError> {
+    let snapshot = state.lifecycle.snapshot(&id, body.name.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
+}
+
+/// `?sandboxID=` narrows to one source sandbox, `?name=` to one snapshot.
+async fn list_snapshots(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Vec<SnapshotInfo>>, ApiError> {
+    let source = query.get("sandboxID");
+    let name = query.get("name");
+    Ok(Json(
+        state
+            .lifecycle
+            .snapshots()?
+            .iter()
+            .filter(|s| source.is_none_or(|id| s.source_sandbox.as_str() == id))
+            .filter(|s| name.is_none_or(|n| s.id.as_str() == n))
+            .map(snapshot_info)
+            .collect(),
+    ))
+}
+
+/// The SDK deletes snapshots as templates (`DELETE /templates/{id}`); built templates are
+/// managed with `airlock template`, so only snapshots are deleted here.
+async fn delete_snapshot(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.lifecycle.delete_snapshot(&id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("snapshot '{id}' not found")))
+    }
+}
+
+async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ForkRequest>,
+) -> Result<Response, ApiError> {
+    let count = body.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(ApiError::bad_request(format!(
+            "count must be 1..={MAX_FORKS}"
+        )));
+    }
+    let forks = state
+        .lifecycle
+        .fork(&id, count, body.timeout.map(Duration::from_secs))
+        .await?;
+    let entries: Vec<ForkResult> = forks
+        .into_iter()
+        .map(|f| match f {
+            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&sandbox.record())),
+            Err(e) => {
+                let e = ApiError::from(e);
+                ForkResult::Error(ErrorBody {
+                    code: e.status.as_u16(),
+                    message: e.message,
+                })
+            }
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(entries)).into_response())
 }
 
 /// `metadata` as the SDK sends it: quoted three times (protocol doc §2.2).
@@ -251,18 +368,17 @@ fn matching(
         Some(raw) => parse_metadata_filter(raw)?,
         None => BTreeMap::new(),
     };
-    // Only running sandboxes exist here; asking for paused ones alone yields nothing.
-    if let Some(states) = query.get("state") {
-        if !states.split(',').any(|s| s.trim() == "running") {
-            return Ok(Vec::new());
-        }
-    }
+    // Without `state`, E2B lists running sandboxes only.
+    let states: Vec<&str> = match query.get("state") {
+        Some(states) => states.split(',').map(str::trim).collect(),
+        None => vec!["running"],
+    };
     let template = query.get("template");
     Ok(state
         .lifecycle
-        .list()
-        .iter()
-        .map(|s| s.record())
+        .list_records()?
+        .into_iter()
+        .filter(|r| states.contains(&r.state.as_str()))
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .filter(|r| template.is_none_or(|t| r.template.as_str() == t))
         .collect())

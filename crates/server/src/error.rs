@@ -32,11 +32,22 @@ impl ApiError {
 impl From<LifecycleError> for ApiError {
     fn from(err: LifecycleError) -> Self {
         let status = match &err {
-            LifecycleError::TemplateNotFound(_) | LifecycleError::SandboxNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            LifecycleError::TemplateNotFound(_)
+            | LifecycleError::SandboxNotFound(_)
+            | LifecycleError::SnapshotNotFound(_) => StatusCode::NOT_FOUND,
             LifecycleError::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
-            LifecycleError::TimeoutTooLong { .. } => StatusCode::BAD_REQUEST,
+            LifecycleError::TimeoutTooLong { .. } | LifecycleError::BadSnapshotName(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            LifecycleError::AlreadyPaused(_)
+            | LifecycleError::AlreadyRunning(_)
+            | LifecycleError::Paused(_)
+            | LifecycleError::Busy(_) => StatusCode::CONFLICT,
+            // Says what is full and how much is needed; nothing in it is secret.
+            LifecycleError::NoSpace(_) => {
+                tracing::warn!(error = %err, "checkpoint refused");
+                return ApiError::new(StatusCode::INSUFFICIENT_STORAGE, err.to_string());
+            }
             LifecycleError::Driver(_) | LifecycleError::Agent(_) | LifecycleError::Store(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -53,7 +64,7 @@ impl From<LifecycleError> for ApiError {
             tracing::error!(error = %chain, "request failed");
             let message = match err {
                 LifecycleError::Agent(_) => "the sandbox's agent did not start; see the server log",
-                LifecycleError::Driver(_) => "starting the sandbox failed; see the server log",
+                LifecycleError::Driver(_) => "the sandbox runtime failed; see the server log",
                 _ => "internal error; see the server log",
             };
             return ApiError::new(status, message);

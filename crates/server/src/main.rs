@@ -77,6 +77,11 @@ enum Command {
         /// Seconds a sandbox lives when the create request names no timeout.
         #[arg(long, default_value_t = 300)]
         default_timeout: u64,
+        /// Ready sandboxes kept per template, restored from the template's warmed-up golden
+        /// image, so a create only hands one over. 0 turns pools and golden images off: every
+        /// create then boots a sandbox.
+        #[arg(long, default_value_t = 2, env = "AIRLOCK_POOL_SIZE")]
+        pool_size: usize,
     },
     /// List, kill and run commands in sandboxes.
     #[command(subcommand)]
@@ -131,6 +136,7 @@ async fn run(cli: Cli) -> ExitCode {
             agent_bin,
             max_sandboxes,
             default_timeout,
+            pool_size,
         } => serve::serve(serve::ServeOptions {
             listen,
             data_dir: cli.data_dir.clone(),
@@ -138,6 +144,7 @@ async fn run(cli: Cli) -> ExitCode {
             limits: Limits {
                 max_sandboxes,
                 default_timeout: Duration::from_secs(default_timeout),
+                pool_size,
                 ..Limits::default()
             },
         })

@@ -1,8 +1,12 @@
 //! Sandbox traffic: requests that name a sandbox (by `E2b-Sandbox-Id`, by a Host of the form
 //! `{port}-{id}.{domain}`, or by a signed `/files` URL) are forwarded to that sandbox's agent.
 //!
-//! Bodies stream both ways unbuffered. When a sandbox is killed its open responses are cut, so
-//! the SDK sees the stream break (not a clean end), as it does against E2B.
+//! Bodies stream both ways unbuffered. When a sandbox is killed or paused its open responses are
+//! cut, so the SDK sees the stream break (not a clean end), as it does against E2B.
+//!
+//! Connections to sandboxes are not pooled: a pause checkpoints the sandbox only once every
+//! connection into it is closed (see the gVisor driver), and an idle pooled connection would
+//! hold that up. A new connection over the veth costs well under a millisecond.
 
 use crate::AppState;
 use airlock_core::lifecycle::Sandbox;
@@ -35,7 +39,7 @@ pub fn http_client() -> HttpClient {
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_max_idle_per_host(0)
         .build(connector)
 }
 
@@ -249,14 +253,14 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
     let upstream = hyper::Request::from_parts(parts, body);
     let result = tokio::select! {
         r = state.http.request(upstream) => r,
-        _ = sandbox.killed() => return sandbox_not_found(&id),
+        _ = sandbox.stopped() => return sandbox_not_found(&id),
     };
     match result {
         Ok(resp) => {
             let (parts, body) = resp.into_parts();
             let body = CutOnKill {
                 inner: body,
-                killed: Box::pin(sandbox.killed()),
+                stopped: Box::pin(sandbox.stopped()),
             };
             Response::from_parts(parts, Body::new(body))
         }
@@ -268,10 +272,11 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
     }
 }
 
-/// A response body that fails as soon as its sandbox is killed, so the client's stream breaks.
+/// A response body that fails as soon as its sandbox is killed or paused, so the client's stream
+/// breaks.
 struct CutOnKill {
     inner: hyper::body::Incoming,
-    killed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    stopped: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
 }
 
 impl http_body::Body for CutOnKill {
@@ -282,8 +287,8 @@ impl http_body::Body for CutOnKill {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.killed.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err("the sandbox was killed".into())));
+        if self.stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err("the sandbox was killed or paused".into())));
         }
         Pin::new(&mut self.inner)
             .poll_frame(cx)

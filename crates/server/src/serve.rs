@@ -139,9 +139,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         opts.limits,
     );
     let report = lifecycle.recover().await.context("recovering sandboxes")?;
-    if !report.adopted.is_empty() || !report.removed.is_empty() {
+    if !report.adopted.is_empty() || !report.removed.is_empty() || !report.paused.is_empty() {
         tracing::info!(
             adopted = report.adopted.len(),
+            paused = report.paused.len(),
             removed = report.removed.len(),
             "recovered sandboxes from the last run"
         );
@@ -149,6 +150,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 
     let stop = CancellationToken::new();
     let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
+    let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     let state: AppState = Arc::new(AppStateInner {
         lifecycle: lifecycle.clone(),
         store,
@@ -190,15 +192,20 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     );
 
     // On a signal, kill every sandbox first: that cuts their open streams, which graceful
-    // shutdown would otherwise wait on forever.
+    // shutdown would otherwise wait on forever. The pool filler stops first, so it cannot add
+    // a sandbox behind the shutdown's back.
     let draining = lifecycle.clone();
-    let reaper_stop = stop.clone();
+    let background_stop = stop.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
-            println!("Shutting down: killing all sandboxes");
-            reaper_stop.cancel();
-            if tokio::time::timeout(Duration::from_secs(60), draining.shutdown())
+            println!("Shutting down: killing all running sandboxes (paused ones stay on disk)");
+            background_stop.cancel();
+            let drained = async {
+                let _ = pools.await;
+                draining.shutdown().await;
+            };
+            if tokio::time::timeout(Duration::from_secs(60), drained)
                 .await
                 .is_err()
             {

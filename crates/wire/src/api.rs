@@ -21,10 +21,60 @@ pub struct NewSandbox {
     /// v1 only; `false` means the agent requires no access token. v2 sandboxes are always secured.
     #[serde(default)]
     pub secure: Option<bool>,
+    /// `lifecycle.onTimeout = "pause"`: pause instead of kill when the timeout passes.
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    #[serde(default)]
+    pub auto_resume: Option<AutoResume>,
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// `SandboxDetail.lifecycle`: both fields are required when present.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLifecycle {
+    pub auto_resume: bool,
+    /// `"kill"` or `"pause"`.
+    pub on_timeout: String,
+}
+
+/// `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SnapshotRequest {
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A snapshot as `create_snapshot` and `list_snapshots` return it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+/// `POST /sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ForkRequest {
+    #[serde(default)]
+    pub count: Option<usize>,
+    #[serde(default)]
+    pub timeout: Option<u64>,
+}
+
+/// One entry of the fork response: the new sandbox or why it failed.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ForkResult {
+    Sandbox(Sandbox),
+    Error(ErrorBody),
 }
 
 /// `POST /v2/sandboxes/{id}/connect` and `POST /sandboxes/{id}/timeout` bodies.
@@ -84,6 +134,8 @@ pub struct SandboxDetail {
     pub metadata: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<SandboxLifecycle>,
 }
 
 /// E2B's error body. Both fields are required by the SDK's parser.

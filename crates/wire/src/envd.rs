@@ -329,6 +329,10 @@ pub struct InitRequest {
     pub default_user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_workdir: Option<String>,
+    /// The sandbox's own hostname. A sandbox restored from a checkpoint starts with the name of
+    /// the one that was checkpointed; the agent renames it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
 }
 
 /// One entry of the `POST /files` response.

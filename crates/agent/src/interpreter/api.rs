@@ -147,7 +147,10 @@ async fn run(
         return;
     };
     let globals = interp.agent.config().env_vars;
-    let end = kernel.execute(code, &globals, &per_run, &mut out).await;
+    let identity = interp.agent.identity();
+    let end = kernel
+        .execute(code, &globals, &per_run, identity, &mut out)
+        .await;
     out.send(&Event::EndOfExecution).await;
     // Ends the response; the context stays locked until its env is restored.
     drop(out);
@@ -266,12 +269,14 @@ mod tests {
         )
         .unwrap();
         let agent = Agent::new();
-        agent.apply_init(InitRequest {
-            env_vars: BTreeMap::new(),
-            access_token: Some("tok".into()),
-            default_user: Some("root".into()),
-            default_workdir: Some("/".into()),
-        });
+        agent
+            .apply_init(InitRequest {
+                access_token: Some("tok".into()),
+                default_user: Some("root".into()),
+                default_workdir: Some("/".into()),
+                ..Default::default()
+            })
+            .unwrap();
         let interp = Interpreter::new(agent, Kernelspecs::load(dir.path()));
         (dir, interp)
     }
@@ -399,12 +404,14 @@ mod real_kernel_tests {
         let dir = std::env::var("AIRLOCK_TEST_KERNELS_DIR").expect("AIRLOCK_TEST_KERNELS_DIR");
         let specs = Kernelspecs::load(std::path::Path::new(&dir));
         let agent = Agent::new();
-        agent.apply_init(InitRequest {
-            env_vars: [("GLOBAL_V".to_string(), "g".to_string())].into(),
-            access_token: None,
-            default_user: std::env::var("USER").ok().or(Some("root".into())),
-            default_workdir: Some("/tmp".into()),
-        });
+        agent
+            .apply_init(InitRequest {
+                env_vars: [("GLOBAL_V".to_string(), "g".to_string())].into(),
+                default_user: std::env::var("USER").ok().or(Some("root".into())),
+                default_workdir: Some("/tmp".into()),
+                ..Default::default()
+            })
+            .unwrap();
         let app = router(Interpreter::new(agent, specs));
 
         let events = execute(&app, run("x = 1 + 1; x")).await;

@@ -16,8 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedMutexGuard;
 
-/// The languages whose default contexts start with the agent (E2B lists both).
+/// The languages whose default contexts exist from the start (E2B lists both).
 pub const DEFAULT_LANGUAGES: [&str; 2] = ["python", "javascript"];
+
+/// The one default context whose kernel starts with the agent; the others start theirs on first
+/// use. Sandboxes are restored from a checkpoint of a booted one, which should hold just a warm
+/// Python kernel: a Deno kernel would cost some 200 MB in every restored image, and its
+/// `Math.random` state cannot be reseeded after restore (Python's is, see `Kernel::execute`).
+const PREWARMED: &str = "python";
 
 /// A context as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -95,7 +101,14 @@ impl Context {
         slot.kernel = None;
         let user =
             User::lookup(&config.default_user).map_err(|e| KernelError::Setup(e.0.message))?;
-        let kernel = Kernel::launch(&self.spec, &user, &self.cwd, &config.env_vars).await?;
+        let kernel = Kernel::launch(
+            &self.spec,
+            &user,
+            &self.cwd,
+            &config.env_vars,
+            agent.identity(),
+        )
+        .await?;
         *self.lock_switch() = Some(kernel.switch());
         slot.kernel = Some(kernel);
         Ok(())
@@ -179,14 +192,17 @@ impl Interpreter {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers the default contexts and starts their kernels in the background; a request for
-    /// one of them meanwhile waits for its kernel.
+    /// Registers the default contexts and starts the [`PREWARMED`] one's kernel in the
+    /// background; a request for it meanwhile waits for its kernel.
     pub fn start_defaults(self: &Arc<Self>) {
         for language in DEFAULT_LANGUAGES {
             let Ok(ctx) = self.default_context(language) else {
                 tracing::info!("no kernel for {language}: no default {language} context");
                 continue;
             };
+            if language != PREWARMED {
+                continue;
+            }
             let agent = self.agent.clone();
             tokio::spawn(async move {
                 let mut slot = ctx.lock().await;
@@ -322,10 +338,12 @@ mod tests {
         let specs = Kernelspecs::load(dir.path());
         // Contexts default to the sandbox's workdir; point it at a directory that exists here.
         let agent = Agent::new();
-        agent.apply_init(airlock_wire::envd::InitRequest {
-            default_workdir: Some(dir.path().to_string_lossy().into_owned()),
-            ..Default::default()
-        });
+        agent
+            .apply_init(airlock_wire::envd::InitRequest {
+                default_workdir: Some(dir.path().to_string_lossy().into_owned()),
+                ..Default::default()
+            })
+            .unwrap();
         (dir, Interpreter::new(agent, specs))
     }
 

@@ -274,6 +274,8 @@ pub struct Kernel {
     pub user: String,
     /// Executions of user code so far.
     pub runs: u64,
+    /// The agent's identity generation its random state belongs to (see [`reseed_snippet`]).
+    identity: u64,
     switch: Arc<KillSwitch>,
     exit: watch::Receiver<Option<String>>,
     shell: DealerSendConnection,
@@ -321,12 +323,14 @@ async fn lease_ports(
 }
 
 impl Kernel {
-    /// Starts the kernel and waits until it answers on its shell and IOPub channels.
+    /// Starts the kernel and waits until it answers on its shell and IOPub channels. `identity`
+    /// is the agent's identity generation, read before the process starts.
     pub async fn launch(
         spec: &Kernelspec,
         user: &User,
         cwd: &Path,
         globals: &BTreeMap<String, String>,
+        identity: u64,
     ) -> Result<Kernel, KernelError> {
         let name = spec.name.clone();
         if !cwd.is_dir() {
@@ -491,6 +495,7 @@ impl Kernel {
             spec: spec.clone(),
             user: user.name.clone(),
             runs: 0,
+            identity,
             switch,
             exit,
             shell,
@@ -592,7 +597,7 @@ impl Kernel {
                     if m.is_child_of(&msg_id) && m.msg_type == "execute_reply" {
                         if m.str("status") != Some("ok") {
                             tracing::warn!(
-                                "env snippet failed in kernel '{}': {} {}",
+                                "hidden snippet failed in kernel '{}': {} {}",
                                 self.spec.name,
                                 m.str("ename").unwrap_or_default(),
                                 m.str("evalue").unwrap_or_default()
@@ -603,7 +608,7 @@ impl Kernel {
                 }
                 _ = exited(&mut self.exit) => return Err(KernelError::Died),
                 _ = sleep_until(deadline) => {
-                    tracing::warn!("env snippet timed out in kernel '{}'", self.spec.name);
+                    tracing::warn!("hidden snippet timed out in kernel '{}'", self.spec.name);
                     return Ok(());
                 }
             }
@@ -623,6 +628,23 @@ impl Kernel {
                 true
             }
         }
+    }
+
+    /// Renews the random state the kernel may share with copies of the same checkpoint, once per
+    /// identity generation; false if the kernel died meanwhile.
+    async fn reseed(&mut self, identity: u64) -> bool {
+        if identity <= self.identity {
+            return true;
+        }
+        if let Some(code) = reseed_snippet(self.spec.dialect()) {
+            match self.run_hidden(code.to_owned()).await {
+                Ok(()) => {}
+                Err(KernelError::Died) => return false,
+                Err(e) => tracing::warn!("reseeding kernel '{}': {e}", self.spec.name),
+            }
+        }
+        self.identity = identity;
+        true
     }
 
     /// Reverts a run's own env vars.
@@ -669,17 +691,23 @@ impl Kernel {
     }
 
     /// Runs user code, streaming its events to `out` (everything but `end_of_execution`).
+    /// `identity` is the agent's current identity generation.
     pub async fn execute(
         &mut self,
         code: String,
         globals: &BTreeMap<String, String>,
         per_run: &BTreeMap<String, String>,
+        identity: u64,
         out: &mut Output,
     ) -> RunEnd {
         // Whatever arrived between runs (late output of background threads) belongs to no one.
         while self.iopub_rx.try_recv().is_ok() {}
         while self.shell_rx.try_recv().is_ok() {}
 
+        if !self.reseed(identity).await {
+            out.send(&self.death_event()).await;
+            return RunEnd::KernelGone;
+        }
         let changes = self.env.before(globals, per_run);
         if !self.apply_env(&changes).await {
             out.send(&self.death_event()).await;
@@ -789,6 +817,23 @@ impl Kernel {
     }
 }
 
+/// Code that reseeds a kernel's random generators from the OS, for a kernel that started before
+/// the checkpoint its sandbox was restored from: every restored copy would otherwise produce the
+/// same "random" numbers. Python's `random` and NumPy's legacy global generator are reseeded if
+/// they are loaded (`numpy.random.default_rng()` and `secrets` draw fresh OS entropy anyway); the
+/// lambda leaves no names behind in the user's namespace. Other dialects get nothing: Deno's
+/// `Math.random` cannot be reseeded, which is why the Deno kernel never starts before a run asks
+/// for it (see `contexts::PREWARMED`).
+fn reseed_snippet(dialect: Dialect) -> Option<&'static str> {
+    match dialect {
+        Dialect::Python => Some(
+            "(lambda m: [m[k].seed() for k in ('random', 'numpy.random') if k in m])\
+             (__import__('sys').modules)",
+        ),
+        Dialect::Bash | Dialect::Deno | Dialect::Node | Dialect::Other => None,
+    }
+}
+
 /// What one execution has seen so far.
 #[derive(Default)]
 struct RunState {
@@ -875,6 +920,36 @@ mod tests {
                 Bytes::from(content.to_string()),
             ],
         }
+    }
+
+    #[test]
+    fn reseeds_python_only() {
+        for other in [Dialect::Bash, Dialect::Deno, Dialect::Node, Dialect::Other] {
+            assert_eq!(reseed_snippet(other), None);
+        }
+        let code = reseed_snippet(Dialect::Python).unwrap();
+        assert!(!code.contains('\n'));
+        // The same seed twice gives the same number, unless the snippet reseeded in between; and
+        // the namespace is unchanged.
+        let script = format!(
+            "import random\n\
+             random.seed(1); first = random.random(); random.seed(1)\n\
+             names = None; names = set(globals())\n\
+             {code}\n\
+             assert set(globals()) == names, set(globals()) ^ names\n\
+             assert random.random() != first\n"
+        );
+        let Ok(out) = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+        else {
+            return; // no Python on this machine
+        };
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]

@@ -26,11 +26,11 @@ pub const PORT: u16 = 49999;
 /// Overrides [`PORT`] (host runs next to another server).
 pub const PORT_ENV: &str = "AIRLOCK_INTERPRETER_PORT";
 
-/// Serves the code interpreter when the template has kernels; returns at once when it has none.
-/// Failing to listen is logged, not fatal: envd goes on without it.
-/// Binds the code interpreter's port and serves it in the background. Returns once the port
-/// listens, so the agent can answer its health check only when the interpreter is reachable
-/// too (a `run_code` straight after create must not find the port closed).
+/// Binds the code interpreter's port and serves it in the background when the template has
+/// kernels. Returns once the port listens, so the agent answers its health check only when the
+/// interpreter is reachable too (a `run_code` straight after create must not find the port
+/// closed); returns at once when there are no kernels. Failing to listen is logged, not fatal:
+/// envd goes on without it.
 pub async fn start(agent: AgentState) {
     let specs = kernelspec::Kernelspecs::discover();
     if specs.is_empty() {
