@@ -1,23 +1,31 @@
-"""Benchmark (not a test): sandbox start-up and idle memory, measured through the stock e2b SDK.
+"""Benchmark (not a test): start-up, resume and idle memory, measured through the stock e2b SDKs.
 
-Starts its own `airlock serve`, then reports:
-  * a cold gVisor launch (`runsc do /bin/true`), for reference;
-  * create → first command: `Sandbox.create()` then `commands.run("echo ok")`, p50/p95/p99 and
-    success rate over N sandboxes (each killed before the next);
-  * memory of idle sandboxes: K sandboxes held at once; for each, the PSS of its host processes
-    (runsc sandbox and gofer) and its cgroup's usage, plus MemAvailable's drop divided by K.
+Starts its own `airlock serve` (with `--pool-size`), waits until the templates' golden images
+and pools are ready, then reports p50/p95/p99, min, max and success rate of:
+  * a cold gVisor launch (`runsc do /bin/true`), for reference, in the same run;
+  * create → first command: `Sandbox.create()` then `commands.run("echo ok")`, creates paced
+    `--interval` seconds apart (the pool refills in between) and back to back (the pool runs dry
+    and creates restore on demand);
+  * a fresh code-interpreter sandbox → its first `run_code` that uses pandas;
+  * resume of a paused sandbox → its first command (`Sandbox.connect()` + `commands.run`);
+  * what a command costs inside gVisor (bash -l vs /bin/true), the floor under the figures above;
+  * idle memory: K sandboxes held at once, each one's cgroup memory and host PSS.
 
-Run it with bench/run.sh (which builds everything first)."""
+Run it with bench/run.sh startup (which builds everything first)."""
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from harness import start_server  # noqa: E402
+from harness import API_KEY, Server, free_port, use_server  # noqa: E402
+
+MIB = 1024 * 1024
 
 
 def pct(values, p):
@@ -27,26 +35,45 @@ def pct(values, p):
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def summary(ms):
-    return f"{pct(ms, 50):7.1f} {pct(ms, 95):7.1f} {pct(ms, 99):7.1f} {min(ms):7.1f} {max(ms):7.1f}"
+def row(label, ms, n):
+    if not ms:
+        return f"{label:<46} {'-':>7} {'-':>7} {'-':>7} {'-':>7} {'-':>7}  0/{n}"
+    return (f"{label:<46} {pct(ms, 50):7.1f} {pct(ms, 95):7.1f} {pct(ms, 99):7.1f} "
+            f"{min(ms):7.1f} {max(ms):7.1f}  {len(ms)}/{n}")
+
+
+def timed(n, once, interval=0.0):
+    """Runs `once` n times; returns the successful durations in ms (failures are printed)."""
+    out = []
+    for _ in range(n):
+        try:
+            out.append(once())
+        except Exception as e:  # counted in the success rate, not hidden
+            print(f"  failure: {e}", file=sys.stderr)
+        time.sleep(interval)
+    return out
 
 
 def cold_runsc(n):
-    times = []
-    for _ in range(n):
+    def once():
         t = time.perf_counter()
-        r = subprocess.run(["runsc", "--network=none", "do", "/bin/true"], capture_output=True)
-        if r.returncode != 0:
-            return None
-        times.append((time.perf_counter() - t) * 1000)
-    return times
+        subprocess.run(["runsc", "--network=none", "do", "/bin/true"], capture_output=True, check=True)
+        return (time.perf_counter() - t) * 1000
+    return timed(n, once)
 
 
-def mem_available():
-    for line in open("/proc/meminfo"):
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+def wait_for_pools(srv, seconds=300):
+    """Waits until every template's golden image exists and its pool has filled (the server logs
+    both); returns how long that took."""
+    t = time.time()
+    log = srv.log
+    while time.time() - t < seconds:
+        text = log.read_text(errors="replace")
+        if text.count("golden image ready") + text.count("golden image reused") >= 2:
+            time.sleep(5)  # the pools fill right after
+            return time.time() - t
+        time.sleep(0.5)
+    raise RuntimeError("golden images were not ready in time; see " + str(log))
 
 
 def host_pss(sandbox_id):
@@ -69,60 +96,138 @@ def cgroup_usage(sandbox_id):
         return None
 
 
+def mem_available():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=50)
-    ap.add_argument("--idle", type=int, default=10, help="sandboxes held at once for the memory figure")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between paced creates")
+    ap.add_argument("--pool-size", type=int, default=2)
+    ap.add_argument("--idle", type=int, default=200, help="sandboxes held at once for the memory figure")
     ap.add_argument("--data-dir", default="/var/tmp/airlock-bench")
     args = ap.parse_args()
+    n = args.iterations
 
-    srv = start_server(Path(args.data_dir))
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    srv = Server(data_dir, free_port())
+    srv.log.write_text("")
+    srv.extra_args = ["--pool-size", str(args.pool_size), "--max-sandboxes", str(max(256, args.idle + 10))]
+    srv.start()
+    use_server(srv)
     from e2b import Sandbox
+    from e2b_code_interpreter import Sandbox as CodeSandbox
 
     try:
+        ready = wait_for_pools(srv)
         print(f"# Airlock start-up benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
-        print("figure (ms)                              p50     p95     p99     min     max   ok")
-        cold = cold_runsc(10)
-        if cold:
-            print(f"cold gVisor launch (runsc do /bin/true)  {summary(cold)}  {len(cold)}/10")
+        print(f"pool size {args.pool_size} per template; golden images and pools ready {ready:.1f}s after start\n")
+        print(f"{'figure (ms)':<46} {'p50':>7} {'p95':>7} {'p99':>7} {'min':>7} {'max':>7}  ok")
+        print(row("cold gVisor launch (runsc do /bin/true)", cold_runsc(n), n))
 
-        total, create, first, failures = [], [], [], 0
-        Sandbox.create("base").kill()  # warm the SDK's connection pool and imports
-        for _ in range(args.iterations):
-            try:
-                t0 = time.perf_counter()
-                sbx = Sandbox.create("base")
-                t1 = time.perf_counter()
-                out = sbx.commands.run("echo ok").stdout
-                t2 = time.perf_counter()
-                if out != "ok\n":
-                    raise RuntimeError(f"unexpected output {out!r}")
-                create.append((t1 - t0) * 1000)
-                first.append((t2 - t1) * 1000)
-                total.append((t2 - t0) * 1000)
-                sbx.kill()
-            except Exception as e:  # counted, not hidden
-                failures += 1
-                print(f"  failure: {e}", file=sys.stderr)
-        n = args.iterations
-        ok = f"{n - failures}/{n}"
-        print(f"create → first command                   {summary(total)}  {ok}")
-        print(f"  of which Sandbox.create()              {summary(create)}")
-        print(f"  of which commands.run('echo ok')       {summary(first)}")
+        Sandbox.create("base").kill()  # warm the SDK's imports and connection pool
+        time.sleep(2)
 
-        time.sleep(3)  # let background destroys finish
-        before = mem_available()
-        held = [Sandbox.create("base") for _ in range(args.idle)]
+        def create_then_command():
+            t0 = time.perf_counter()
+            sbx = Sandbox.create("base")
+            out = sbx.commands.run("echo ok").stdout
+            ms = (time.perf_counter() - t0) * 1000
+            sbx.kill()
+            if out != "ok\n":
+                raise RuntimeError(f"unexpected output {out!r}")
+            return ms
+
+        creates = []
+
+        def create_only():
+            t0 = time.perf_counter()
+            sbx = Sandbox.create("base")
+            creates.append((time.perf_counter() - t0) * 1000)
+            sbx.kill()
+            return creates[-1]
+
+        print(row(f"create → first command, paced {args.interval}s", timed(n, create_then_command, args.interval), n))
+        print(row("  Sandbox.create() alone, paced", timed(n, create_only, args.interval), n))
+        print(row("create → first command, back to back", timed(n, create_then_command), n))
         time.sleep(5)
+
+        def fresh_pandas():
+            t0 = time.perf_counter()
+            sbx = CodeSandbox.create()
+            ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})['a'].sum()")
+            ms = (time.perf_counter() - t0) * 1000
+            sbx.kill()
+            if ex.error or ex.text != "6":
+                raise RuntimeError(f"unexpected result {ex.text!r} {ex.error}")
+            return ms
+
+        print(row(f"fresh code interpreter → first pandas run_code", timed(n, fresh_pandas, args.interval), n))
+
+        paused = Sandbox.create("base", timeout=3600)
+        paused.files.write("/home/user/kept.txt", "kept")
+
+        def resume_then_command():
+            paused.pause()
+            t0 = time.perf_counter()
+            paused.connect()
+            out = paused.commands.run("cat /home/user/kept.txt").stdout
+            ms = (time.perf_counter() - t0) * 1000
+            if out != "kept":
+                raise RuntimeError(f"unexpected output {out!r}")
+            return ms
+
+        print(row("resume of a paused sandbox → first command", timed(n, resume_then_command), n))
+        paused.kill()
+
+        probe = Sandbox.create("base")
+        inside = json.loads(probe.commands.run(
+            "python3 - <<'EOF'\n"
+            "import json, subprocess, time\n"
+            "def t(cmd):\n"
+            "    out = []\n"
+            "    for _ in range(20):\n"
+            "        s = time.perf_counter(); subprocess.run(cmd); out.append((time.perf_counter() - s) * 1000)\n"
+            "    return sorted(out)[10]\n"
+            "print(json.dumps({'bash': t(['/bin/bash', '-l', '-c', 'echo ok >/dev/null']), 'true': t(['/bin/true'])}))\n"
+            "EOF").stdout)
+        probe.kill()
+        print(f"\ninside gVisor, median of 20: `bash -l -c 'echo ok'` {inside['bash']:.1f} ms, "
+              f"`/bin/true` {inside['true']:.1f} ms (what every SDK command starts with)")
+
+        time.sleep(5)
+        before = mem_available()
+        t0 = time.time()
+        held = []
+        for _ in range(args.idle):
+            try:
+                held.append(Sandbox.create("base", timeout=3600))
+            except Exception as e:
+                print(f"  failure holding sandbox {len(held) + 1}: {e}", file=sys.stderr)
+                break
+        took = time.time() - t0
+        time.sleep(10)
+        alive = sum(1 for s in held if s.commands.run("echo ok").stdout == "ok\n")
         after = mem_available()
+        cg = [cgroup_usage(s.sandbox_id) for s in held]
         pss = [host_pss(s.sandbox_id) for s in held]
-        cg = [c for c in (cgroup_usage(s.sandbox_id) for s in held) if c is not None]
-        mib = 1024 * 1024
-        print(f"\nidle sandboxes held: {len(held)}")
-        print(f"  host PSS per sandbox (runsc + gofer):  median {statistics.median(pss) / mib:.1f} MiB, max {max(pss) / mib:.1f} MiB")
-        if cg:
-            print(f"  cgroup memory usage per sandbox:       median {statistics.median(cg) / mib:.1f} MiB, max {max(cg) / mib:.1f} MiB")
-        print(f"  MemAvailable drop / sandbox:           {(before - after) / len(held) / mib:.1f} MiB")
+        print(f"\nidle sandboxes held at once: {len(held)}/{args.idle} created in {took:.0f}s, {alive} answering a command")
+        known = [c for c in cg if c is not None]
+        if known:
+            print(f"  cgroup memory per sandbox: median {statistics.median(known) / MIB:.1f} MiB, "
+                  f"max {max(known) / MIB:.1f} MiB, total {sum(known) / MIB / 1024:.2f} GiB")
+        print(f"  host PSS per sandbox (runsc sandbox + gofer): median {statistics.median(pss) / MIB:.1f} MiB, "
+              f"max {max(pss) / MIB:.1f} MiB")
+        print(f"  MemAvailable drop: {(before - after) / MIB / 1024:.2f} GiB, {(before - after) / max(len(held), 1) / MIB:.1f} MiB per sandbox")
+        print("  each sandbox's cgroup memory (MiB), in creation order:")
+        values = [f"{c / MIB:.1f}" if c is not None else "?" for c in cg]
+        for i in range(0, len(values), 20):
+            print("   ", " ".join(values[i:i + 20]))
         for s in held:
             s.kill()
     finally:

@@ -866,6 +866,7 @@ impl Lifecycle {
         if self.limits.pool_size == 0 {
             return;
         }
+        let mut announced = HashSet::new();
         loop {
             let templates = self.store.templates().unwrap_or_default();
             for template in &templates {
@@ -878,6 +879,9 @@ impl Lifecycle {
                         tracing::warn!(template = %template.name, error = %e, "making the golden image failed");
                     }
                     continue;
+                }
+                if announced.insert(golden.clone()) {
+                    tracing::info!(template = %template.name, image = %golden, "golden image reused");
                 }
                 self.fill_pool(template, &golden, &stop).await;
             }
