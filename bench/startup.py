@@ -104,6 +104,7 @@ def mem_available():
 
 
 def main():
+    sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between paced creates")
@@ -160,7 +161,7 @@ def main():
         def fresh_pandas():
             t0 = time.perf_counter()
             sbx = CodeSandbox.create()
-            ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})['a'].sum()")
+            ex = sbx.run_code("import pandas as pd\nint(pd.DataFrame({'a': [1, 2, 3]})['a'].sum())")
             ms = (time.perf_counter() - t0) * 1000
             sbx.kill()
             if ex.error or ex.text != "6":

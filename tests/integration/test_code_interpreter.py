@@ -210,3 +210,28 @@ def test_killing_the_sandbox_mid_run_ends_the_stream(ci):
         ci.run_code("import time\ntime.sleep(120)")
     assert "killed" in str(exc.value)
     assert time.monotonic() - started < 60
+
+
+def test_sandboxes_restored_from_one_golden_image_are_each_unique(server):
+    """Fresh code-interpreter sandboxes are restored from one checkpoint of a warmed-up kernel;
+    each must still draw its own random numbers and carry its own identity."""
+    from e2b_code_interpreter import Sandbox
+
+    code = (
+        "import random, socket, numpy\n"
+        "print(random.random(), numpy.random.rand(), socket.gethostname())"
+    )
+    boxes = [Sandbox.create() for _ in range(2)]
+    try:
+        runs = [b.run_code(code) for b in boxes]
+        outs = [r.logs.stdout[0].split() for r in runs]
+        assert outs[0][0] != outs[1][0], "Python's random module was not reseeded"
+        assert outs[0][1] != outs[1][1], "numpy's global generator was not reseeded"
+        assert [o[2] for o in outs] == [b.sandbox_id for b in boxes]
+        # The warm-up run in the golden image does not show: the first cell is In [1].
+        assert [r.execution_count for r in runs] == [1, 1]
+        # pandas is already imported in the restored kernel.
+        assert boxes[0].run_code("import sys; 'pandas' in sys.modules").text == "True"
+    finally:
+        for b in boxes:
+            b.kill()

@@ -7,7 +7,6 @@ use crate::watch::WatcherTable;
 use airlock_wire::envd::InitRequest;
 use axum::http::HeaderMap;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Settings the server pushes with `POST /init`.
@@ -37,7 +36,9 @@ pub struct Agent {
     /// Bumped each time `/init` renames the sandbox: a restored checkpoint becoming a sandbox of
     /// its own. State copied from the checkpoint (kernels' random generators) is renewed when it
     /// lags behind.
-    identity: AtomicU64,
+    /// The identity generation: bumped by each hostname change (a restored copy becoming
+    /// itself). Watched by the interpreter, which reseeds its kernels at once.
+    identity: tokio::sync::watch::Sender<u64>,
 }
 
 pub type AgentState = Arc<Agent>;
@@ -48,13 +49,18 @@ impl Agent {
             config: RwLock::new(SandboxConfig::default()),
             processes: ProcessTable::default(),
             watchers: WatcherTable::default(),
-            identity: AtomicU64::new(0),
+            identity: tokio::sync::watch::Sender::new(0),
         })
     }
 
     /// The current identity generation.
     pub fn identity(&self) -> u64 {
-        self.identity.load(Ordering::SeqCst)
+        *self.identity.borrow()
+    }
+
+    /// Changes of [`Agent::identity`].
+    pub fn watch_identity(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.identity.subscribe()
     }
 
     pub fn config(&self) -> SandboxConfig {
@@ -77,7 +83,7 @@ impl Agent {
             if current != name.as_str() {
                 nix::unistd::sethostname(name)
                     .map_err(|e| RpcError::internal(format!("setting the hostname: {e}")))?;
-                self.identity.fetch_add(1, Ordering::SeqCst);
+                self.identity.send_modify(|generation| *generation += 1);
             }
         }
         cfg.env_vars = init.env_vars;

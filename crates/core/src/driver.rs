@@ -99,6 +99,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Deletes the image; succeeds if it does not exist.
     async fn delete_image(&self, image: &str) -> Result<(), DriverError>;
 
+    /// Names of all images, and of leftovers of checkpoints that never finished.
+    fn images(&self) -> Result<Vec<String>, DriverError>;
+
     /// Memory the sandbox is charged for on the host, in bytes, if known.
     fn memory_usage(&self, id: &SandboxId) -> Option<u64>;
 

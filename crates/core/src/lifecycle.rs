@@ -207,13 +207,17 @@ pub fn now_unix() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
+const GOLDEN_PREFIX: &str = "golden-";
+const PAUSED_PREFIX: &str = "paused-";
+const SNAPSHOT_PREFIX: &str = "snapshot-";
+
 /// The image a paused sandbox waits in.
 fn paused_image(id: &SandboxId) -> String {
-    format!("paused-{id}")
+    format!("{PAUSED_PREFIX}{id}")
 }
 
 fn snapshot_image(id: &TemplateName) -> String {
-    format!("snapshot-{id}")
+    format!("{SNAPSHOT_PREFIX}{id}")
 }
 
 /// Marks an id busy for as long as the guard lives.
@@ -875,8 +879,11 @@ impl Lifecycle {
                 }
                 let golden = self.golden_image(template);
                 if !self.driver.has_image(&golden) {
-                    if let Err(e) = self.make_golden(template, &golden).await {
-                        tracing::warn!(template = %template.name, error = %e, "making the golden image failed");
+                    match self.make_golden(template, &golden).await {
+                        Ok(()) => self.delete_stale_goldens(&templates).await,
+                        Err(e) => {
+                            tracing::warn!(template = %template.name, error = %e, "making the golden image failed")
+                        }
                     }
                     continue;
                 }
@@ -889,6 +896,20 @@ impl Lifecycle {
                 _ = self.refill.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
                 _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Deletes golden images of templates as they were built before, or taken with another
+    /// agent or runtime: nothing restores from them any more, and each can be hundreds of MiB.
+    async fn delete_stale_goldens(&self, templates: &[crate::store::TemplateRecord]) {
+        let current: HashSet<String> = templates.iter().map(|t| self.golden_image(t)).collect();
+        for image in self.driver.images().unwrap_or_default() {
+            if image.starts_with(GOLDEN_PREFIX) && !current.contains(&image) {
+                tracing::info!(image, "deleting a stale golden image");
+                if let Err(e) = self.driver.delete_image(&image).await {
+                    tracing::warn!(image, error = %e, "deleting a stale golden image failed");
+                }
             }
         }
     }
@@ -1023,11 +1044,40 @@ impl Lifecycle {
             }
         }
         let keep: Vec<(SandboxId, u32)> = self.list().iter().map(|s| (s.id(), s.slot)).collect();
-        self.driver
-            .sweep_orphans(&keep)
-            .await
-            .map_err(LifecycleError::Driver)?;
+        // Best effort: what cannot be removed now is tried again at the next start, and must not
+        // keep the server from serving.
+        if let Err(e) = self.driver.sweep_orphans(&keep).await {
+            tracing::warn!(error = %e, "removing leftovers of earlier runs failed");
+        }
+        if let Err(e) = self.sweep_images().await {
+            tracing::warn!(error = %e, "removing images no record names failed");
+        }
         Ok(report)
+    }
+
+    /// Deletes paused and snapshot images that no record names (a crash between writing an
+    /// image and recording it, or between forgetting a record and deleting its image).
+    async fn sweep_images(&self) -> Result<(), LifecycleError> {
+        let mut named: HashSet<String> = self
+            .store
+            .sandboxes()?
+            .iter()
+            .filter(|r| r.state == SandboxState::Paused)
+            .map(|r| paused_image(&r.id))
+            .collect();
+        named.extend(self.store.snapshots()?.into_iter().map(|s| s.image));
+        let images = self.driver.images().map_err(LifecycleError::Driver)?;
+        for image in images {
+            let ours = image.starts_with(PAUSED_PREFIX) || image.starts_with(SNAPSHOT_PREFIX);
+            if ours && !named.contains(&image) {
+                tracing::info!(image, "deleting an image no sandbox or snapshot names");
+                self.driver
+                    .delete_image(&image)
+                    .await
+                    .map_err(LifecycleError::Driver)?;
+            }
+        }
+        Ok(())
     }
 
     /// Kills every running and pooled sandbox and waits until the host holds nothing of them.
@@ -1161,6 +1211,9 @@ mod tests {
         }
         fn fingerprint(&self) -> String {
             "test".into()
+        }
+        fn images(&self) -> Result<Vec<String>, DriverError> {
+            Ok(self.images.lock().unwrap().iter().cloned().collect())
         }
     }
 
@@ -1414,6 +1467,9 @@ mod tests {
         assert!(!lc.delete_snapshot("ready").await.unwrap());
 
         lc.pause(copy.id().as_str()).await.unwrap();
+        for leftover in ["paused-gone", "snapshot-gone", "golden-base-x-y"] {
+            driver.images.lock().unwrap().insert(leftover.into());
+        }
         let lc2 = Lifecycle::new(
             store.clone(),
             driver.clone(),
@@ -1422,6 +1478,16 @@ mod tests {
         );
         let report = lc2.recover().await.unwrap();
         assert_eq!(report.paused, vec![copy.id()]);
+        let images = driver.images().unwrap();
+        assert!(images.contains(&paused_image(&copy.id())));
+        assert!(
+            images.contains(&"golden-base-x-y".to_string()),
+            "goldens are the pool's business"
+        );
+        assert!(
+            !images.iter().any(|i| i.ends_with("-gone")),
+            "unnamed images are swept"
+        );
         lc2.resume(copy.id().as_str(), None).await.unwrap();
     }
 }

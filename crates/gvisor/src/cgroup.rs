@@ -54,9 +54,28 @@ pub(crate) fn memory_usage(id: &str) -> Option<u64> {
     .and_then(|s| s.trim().parse().ok())
 }
 
-/// Removes the sandbox's cgroup directories; they must hold no process any more.
+/// Removes the sandbox's cgroup directories. Processes still in them are killed first: a runsc
+/// killed half-way through `run` or `restore` leaves its sandbox and gofer running, unknown to
+/// `runsc delete`, and the cgroup is the one place that still names them.
 pub(crate) fn remove(id: &str) -> Result<(), DriverError> {
-    for parent in parents() {
+    let parents = parents();
+    let mut killed = false;
+    for parent in &parents {
+        let procs =
+            std::fs::read_to_string(parent.join(id).join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            killed = true;
+        }
+    }
+    if killed {
+        // The kernel empties the cgroup once the killed processes are reaped.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for parent in parents {
         let dir = parent.join(id);
         match std::fs::remove_dir(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

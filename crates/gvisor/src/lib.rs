@@ -399,6 +399,25 @@ impl Driver for GvisorDriver {
         }
     }
 
+    fn images(&self) -> Result<Vec<String>, DriverError> {
+        let what = || format!("listing {}", self.images.display());
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.images).map_err(DriverError::io(what()))? {
+            let entry = entry.map_err(DriverError::io(what()))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            // A checkpoint that died half-way (`.{name}.partial`) is deleted on sight.
+            if name.starts_with('.') && name.ends_with(".partial") {
+                let _ = std::fs::remove_dir_all(entry.path());
+                continue;
+            }
+            names.push(name);
+        }
+        names.sort();
+        Ok(names)
+    }
+
     fn memory_usage(&self, id: &SandboxId) -> Option<u64> {
         cgroup::memory_usage(id.as_str())
     }

@@ -12,10 +12,12 @@ use std::time::Duration;
 /// The code interpreter's port inside a sandbox.
 const INTERPRETER_PORT: u16 = 49999;
 /// Imported by the golden image's Python kernel; what `import pandas` would cost a first run.
-/// The counter is reset so that a user's first run is `In [1]`, as in a fresh kernel (IPython
-/// adds one after the cell).
-const WARM_UP_CODE: &str =
-    "import numpy, pandas, matplotlib, matplotlib.pyplot\nget_ipython().execution_count = 0";
+/// Then the kernel's history starts a new session and its counter goes back, so that a user's
+/// first run is `In [1]` with no trace of this cell, as in a fresh kernel (IPython has already
+/// counted this cell when it runs).
+const WARM_UP_CODE: &str = "import numpy, pandas, matplotlib, matplotlib.pyplot\n\
+    get_ipython().history_manager.reset(new_session=True)\n\
+    get_ipython().execution_count = 1";
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub struct HttpAgentClient {

@@ -297,6 +297,19 @@ impl Interpreter {
         Ok(ctx)
     }
 
+    /// Reseeds every running kernel for identity generation `identity` now, rather than at its
+    /// next run: a sandbox taken from the pool then runs its first cell without the extra
+    /// snippet, in a kernel whose restored pages have already been touched.
+    pub async fn reseed_all(&self, identity: u64) {
+        let contexts: Vec<Arc<Context>> = self.registry().contexts.clone();
+        for ctx in contexts {
+            let mut slot = ctx.lock().await;
+            if let Some(kernel) = slot.kernel.as_mut() {
+                kernel.reseed(identity).await;
+            }
+        }
+    }
+
     pub fn get(&self, id: &str) -> Option<Arc<Context>> {
         self.registry()
             .contexts

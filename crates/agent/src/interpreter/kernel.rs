@@ -632,7 +632,7 @@ impl Kernel {
 
     /// Renews the random state the kernel may share with copies of the same checkpoint, once per
     /// identity generation; false if the kernel died meanwhile.
-    async fn reseed(&mut self, identity: u64) -> bool {
+    pub async fn reseed(&mut self, identity: u64) -> bool {
         if identity <= self.identity {
             return true;
         }

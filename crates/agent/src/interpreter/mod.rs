@@ -50,8 +50,16 @@ pub async fn start(agent: AgentState) {
             return;
         }
     };
+    let mut identity = agent.watch_identity();
     let interpreter = contexts::Interpreter::new(agent, specs);
     interpreter.start_defaults();
+    let reseeding = interpreter.clone();
+    tokio::spawn(async move {
+        while identity.changed().await.is_ok() {
+            let generation = *identity.borrow_and_update();
+            reseeding.reseed_all(generation).await;
+        }
+    });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, api::router(interpreter)).await {
             tracing::error!("code interpreter: server failed: {e}");
