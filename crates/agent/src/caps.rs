@@ -24,6 +24,16 @@ pub fn keep_sys_admin_from_children() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes the agent non-dumpable, so that processes it starts, root ones included (they lack
+/// `CAP_SYS_PTRACE`), can neither ptrace it nor read its memory to borrow the capability above.
+pub fn refuse_tracing() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

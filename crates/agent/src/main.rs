@@ -84,6 +84,10 @@ fn main() {
             std::process::exit(1);
         }
     }
+    if let Err(e) = caps::refuse_tracing() {
+        eprintln!("airlock-agent: cannot make itself non-dumpable: {e}");
+        std::process::exit(1);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

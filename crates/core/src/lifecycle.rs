@@ -122,6 +122,8 @@ pub struct CreateParams {
     pub secure: bool,
     pub pause_on_timeout: bool,
     pub auto_resume: bool,
+    /// The API key that creates it.
+    pub owner: Option<String>,
 }
 
 /// A running sandbox.
@@ -453,6 +455,7 @@ impl Lifecycle {
             disk_mb: self.limits.disk_mb,
             pause_on_timeout: params.pause_on_timeout,
             auto_resume: params.auto_resume,
+            owner: params.owner,
         };
         if let Err(e) = self.store.insert_sandbox(&record) {
             self.release(started.id, started.slot).await;
@@ -732,6 +735,7 @@ impl Lifecycle {
         id: &str,
         name: Option<&str>,
     ) -> Result<SnapshotRecord, LifecycleError> {
+        let owner = self.record(id)?.owner;
         let snapshot_id = match name {
             Some(n) => {
                 TemplateName::parse(n).map_err(|_| LifecycleError::BadSnapshotName(n.to_owned()))?
@@ -762,6 +766,7 @@ impl Lifecycle {
                 source_sandbox: record.id.clone(),
                 access_token: record.access_token.clone(),
                 created_at: now_unix(),
+                owner,
             };
             (
                 self.store
@@ -815,6 +820,7 @@ impl Lifecycle {
                     secure: source.access_token.is_some(),
                     pause_on_timeout: source.pause_on_timeout,
                     auto_resume: source.auto_resume,
+                    owner: source.owner.clone(),
                 })
                 .await,
             );

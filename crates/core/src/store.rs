@@ -66,6 +66,19 @@ pub struct SandboxRecord {
     pub pause_on_timeout: bool,
     /// Resume on connect-style traffic (E2B's `autoResume`); recorded and reported.
     pub auto_resume: bool,
+    /// Id of the API key that created it; only that key sees it. `None` for sandboxes from
+    /// before keys had owners, which every key sees.
+    pub owner: Option<String>,
+}
+
+/// An API key as stored: only its SHA-256 is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    /// The first 12 hex digits of the key's SHA-256: shown, never secret.
+    pub id: String,
+    pub name: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +104,8 @@ pub struct SnapshotRecord {
     /// The source's access token, which the agents restored from it hold until `/init`.
     pub access_token: Option<String>,
     pub created_at: i64,
+    /// The API key that took it (see [`SandboxRecord::owner`]).
+    pub owner: Option<String>,
 }
 
 pub struct Store {
@@ -148,6 +163,14 @@ impl Store {
         migrate_sandboxes_v1(&conn)?;
         conn.execute_batch(SANDBOXES_TABLE)?;
         conn.execute_batch(SCHEMA)?;
+        for (table, column) in [
+            ("sandboxes", "owner TEXT"),
+            ("snapshots", "owner TEXT"),
+            ("api_keys", "name TEXT NOT NULL DEFAULT ''"),
+            ("api_keys", "revoked_at INTEGER"),
+        ] {
+            add_column_if_missing(&conn, table, column)?;
+        }
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -163,8 +186,8 @@ impl Store {
         self.conn().execute(
             "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
              env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
-             auto_resume)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+             auto_resume, owner)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 r.id.as_str(),
                 r.template.as_str(),
@@ -180,7 +203,8 @@ impl Store {
                 r.memory_mb,
                 r.disk_mb,
                 r.pause_on_timeout,
-                r.auto_resume
+                r.auto_resume,
+                r.owner
             ],
         )?;
         Ok(())
@@ -219,8 +243,8 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
-             started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume
-             FROM sandboxes ORDER BY started_at, id",
+             started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume,
+             owner FROM sandboxes ORDER BY started_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -246,6 +270,7 @@ impl Store {
                     disk_mb: row.get(12)?,
                     pause_on_timeout: row.get(13)?,
                     auto_resume: row.get(14)?,
+                    owner: row.get(15)?,
                 })
             })())
         })?;
@@ -265,7 +290,7 @@ impl Store {
     pub fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
         self.conn().execute(
             "INSERT OR REPLACE INTO snapshots (id, image, template, rootfs, source_sandbox,
-             access_token, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+             access_token, created_at, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
                 s.id.as_str(),
                 s.image,
@@ -273,7 +298,8 @@ impl Store {
                 s.rootfs.to_string_lossy(),
                 s.source_sandbox.as_str(),
                 s.access_token,
-                s.created_at
+                s.created_at,
+                s.owner
             ],
         )?;
         Ok(())
@@ -282,7 +308,7 @@ impl Store {
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT id, image, template, rootfs, source_sandbox, access_token, created_at
+            "SELECT id, image, template, rootfs, source_sandbox, access_token, created_at, owner
              FROM snapshots ORDER BY created_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
@@ -297,6 +323,7 @@ impl Store {
                     source_sandbox: SandboxId::parse(&row.get::<_, String>(4)?).map_err(corrupt)?,
                     access_token: row.get(5)?,
                     created_at: row.get(6)?,
+                    owner: row.get(7)?,
                 })
             })())
         })?;
@@ -370,32 +397,98 @@ impl Store {
 
     // ------------------------------------------------------------ API keys
 
-    pub fn add_api_key_hash(&self, sha256_hex: &str, created_at: i64) -> Result<(), StoreError> {
+    /// Records a key by its SHA-256 (hex); a key already recorded keeps its name.
+    pub fn add_api_key_hash(
+        &self,
+        sha256_hex: &str,
+        name: &str,
+        created_at: i64,
+    ) -> Result<(), StoreError> {
         self.conn().execute(
-            "INSERT OR IGNORE INTO api_keys (sha256, created_at) VALUES (?1, ?2)",
-            params![sha256_hex, created_at],
+            "INSERT OR IGNORE INTO api_keys (sha256, created_at, name) VALUES (?1, ?2, ?3)",
+            params![sha256_hex, created_at, name],
         )?;
         Ok(())
     }
 
-    pub fn has_api_key_hash(&self, sha256_hex: &str) -> Result<bool, StoreError> {
+    /// The id of the live (not revoked) key with this SHA-256, if any.
+    pub fn api_key_id(&self, sha256_hex: &str) -> Result<Option<String>, StoreError> {
         Ok(self
             .conn()
             .query_row(
-                "SELECT 1 FROM api_keys WHERE sha256 = ?1",
+                "SELECT 1 FROM api_keys WHERE sha256 = ?1 AND revoked_at IS NULL",
                 params![sha256_hex],
                 |_| Ok(()),
             )
             .optional()?
-            .is_some())
+            .map(|()| key_id(sha256_hex)))
     }
 
+    /// Every key, revoked ones included, oldest first.
+    pub fn api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT sha256, name, created_at, revoked_at FROM api_keys ORDER BY created_at, sha256",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok(ApiKeyRecord {
+                id: key_id(&row.get::<_, String>(0)?),
+                name: row.get(1)?,
+                created_at: row.get(2)?,
+                revoked_at: row.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Revokes the key with this id; returns whether a live key had it.
+    pub fn revoke_api_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
+        if id.len() != KEY_ID_LEN || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(false);
+        }
+        let n = self.conn().execute(
+            "UPDATE api_keys SET revoked_at = ?2 WHERE substr(sha256, 1, 12) = ?1
+             AND revoked_at IS NULL",
+            params![id.to_ascii_lowercase(), now],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// How many keys are live.
     pub fn api_key_count(&self) -> Result<u64, StoreError> {
         Ok(self
             .conn()
-            .query_row("SELECT COUNT(*) FROM api_keys", [], |r| r.get::<_, i64>(0))?
+            .query_row(
+                "SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL",
+                [],
+                |r| r.get::<_, i64>(0),
+            )?
             .max(0) as u64)
     }
+}
+
+const KEY_ID_LEN: usize = 12;
+
+/// A key's public id: the first 12 hex digits of its SHA-256.
+pub fn key_id(sha256_hex: &str) -> String {
+    sha256_hex.chars().take(KEY_ID_LEN).collect()
+}
+
+/// Adds a column that databases from earlier versions lack (`column` is its definition).
+fn add_column_if_missing(conn: &Connection, table: &str, column: &str) -> Result<(), StoreError> {
+    let name = column.split_whitespace().next().unwrap_or(column);
+    let present = conn
+        .query_row(
+            &format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"),
+            params![name],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if !present {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))?;
+    }
+    Ok(())
 }
 
 /// Databases from before pause/resume have a `sandboxes` table without `state`, `rootfs` and
@@ -456,6 +549,7 @@ mod tests {
             disk_mb: 5120,
             pause_on_timeout: true,
             auto_resume: false,
+            owner: Some("k1".into()),
         }
     }
 
@@ -534,6 +628,7 @@ mod tests {
             source_sandbox: SandboxId::parse("a1").unwrap(),
             access_token: Some("tok".into()),
             created_at: 3,
+            owner: None,
         };
         store.insert_snapshot(&snap).unwrap();
         assert_eq!(store.snapshot(&snap.id).unwrap(), Some(snap.clone()));
@@ -555,8 +650,26 @@ mod tests {
         store.put_template(&t).unwrap();
         assert_eq!(store.template(&t.name).unwrap(), Some(t));
         assert_eq!(store.api_key_count().unwrap(), 0);
-        store.add_api_key_hash("h", 1).unwrap();
-        assert!(store.has_api_key_hash("h").unwrap());
-        assert!(!store.has_api_key_hash("g").unwrap());
+        let h = "0123456789abcdef0123";
+        store.add_api_key_hash(h, "ci", 1).unwrap();
+        assert_eq!(
+            store.api_key_id(h).unwrap().as_deref(),
+            Some("0123456789ab")
+        );
+        assert_eq!(store.api_key_id("ffff").unwrap(), None);
+        assert_eq!(store.api_keys().unwrap()[0].name, "ci");
+        assert!(!store.revoke_api_key("nothex", 2).unwrap());
+        assert!(store.revoke_api_key("0123456789ab", 2).unwrap());
+        assert!(
+            !store.revoke_api_key("0123456789ab", 3).unwrap(),
+            "already revoked"
+        );
+        assert_eq!(
+            store.api_key_id(h).unwrap(),
+            None,
+            "a revoked key no longer works"
+        );
+        assert_eq!(store.api_key_count().unwrap(), 0);
+        assert_eq!(store.api_keys().unwrap()[0].revoked_at, Some(2));
     }
 }

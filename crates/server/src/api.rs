@@ -9,7 +9,7 @@ use airlock_wire::api::{
     SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
 };
 use airlock_wire::ENVD_VERSION;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -48,7 +48,30 @@ pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
-async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// The API key a request came with (its public id). Each key sees only the sandboxes and
+/// snapshots it made.
+#[derive(Debug, Clone)]
+pub struct Caller(pub String);
+
+impl Caller {
+    /// Whether this caller may see something owned by `owner` (records from before keys had
+    /// owners belong to every key).
+    fn sees(&self, owner: &Option<String>) -> bool {
+        owner.as_ref().is_none_or(|o| *o == self.0)
+    }
+}
+
+/// The sandbox's record if the caller may see it; 404 otherwise, as for a sandbox that does not
+/// exist (another key's sandboxes are not even confirmed to exist).
+fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
+    let record = state.lifecycle.record(id)?;
+    if !caller.sees(&record.owner) {
+        return Err(airlock_core::lifecycle::LifecycleError::SandboxNotFound(id.to_owned()).into());
+    }
+    Ok(record)
+}
+
+async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let key = req
         .headers()
         .get("x-api-key")
@@ -61,9 +84,16 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
         )
         .into_response();
     }
-    match state.store.has_api_key_hash(&hash_key(key)) {
-        Ok(true) => next.run(req).await,
-        Ok(false) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
+    match state.store.api_key_id(&hash_key(key)) {
+        Ok(Some(id)) => {
+            req.extensions_mut().insert(Caller(id));
+            next.run(req).await
+        }
+        Ok(None) => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid API key (unknown or revoked)",
+        )
+        .into_response(),
         Err(e) => {
             tracing::error!(error = %e, "API key lookup failed");
             ApiError::new(
@@ -92,7 +122,12 @@ fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError>
     Ok(())
 }
 
-async fn create(state: &AppState, body: NewSandbox, secure: bool) -> Result<Response, ApiError> {
+async fn create(
+    state: &AppState,
+    caller: Caller,
+    body: NewSandbox,
+    secure: bool,
+) -> Result<Response, ApiError> {
     if body.template_id.is_empty() {
         return Err(ApiError::bad_request("templateID is required"));
     }
@@ -113,6 +148,7 @@ async fn create(state: &AppState, body: NewSandbox, secure: bool) -> Result<Resp
             secure,
             pause_on_timeout: body.auto_pause.unwrap_or(false),
             auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
+            owner: Some(caller.0),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
@@ -120,18 +156,20 @@ async fn create(state: &AppState, body: NewSandbox, secure: bool) -> Result<Resp
 
 async fn create_v2(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<NewSandbox>,
 ) -> Result<Response, ApiError> {
     // v2 has no `secure` field: every sandbox is secured.
-    create(&state, body, true).await
+    create(&state, caller, body, true).await
 }
 
 async fn create_v1(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<NewSandbox>,
 ) -> Result<Response, ApiError> {
     let secure = body.secure.unwrap_or(false);
-    create(&state, body, secure).await
+    create(&state, caller, body, secure).await
 }
 
 fn sandbox_body(r: &SandboxRecord) -> Sandbox {
@@ -183,24 +221,29 @@ fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
 
 async fn detail(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, ApiError> {
-    Ok(Json(detail_body(&state.lifecycle.record(&id)?, true)))
+    Ok(Json(detail_body(&owned(&state, &caller, &id)?, true)))
 }
 
 async fn kill(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    owned(&state, &caller, &id)?;
     state.lifecycle.kill(&id)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn set_timeout(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<StatusCode, ApiError> {
+    owned(&state, &caller, &id)?;
     let secs = body
         .timeout
         .ok_or_else(|| ApiError::bad_request("timeout (seconds) is required"))?;
@@ -214,9 +257,11 @@ async fn set_timeout(
 /// resumed (201).
 async fn connect(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
+    owned(&state, &caller, &id)?;
     if let Ok(sandbox) = state.lifecycle.get(&id) {
         if let Some(secs) = body.timeout {
             extend_only(&state, &sandbox, secs)?;
@@ -245,17 +290,21 @@ fn extend_only(state: &AppState, sandbox: &LiveSandbox, secs: u64) -> Result<(),
 /// The body is optional (`{}` or E2B's `{"memory": false, ...}`); every pause keeps memory.
 async fn pause(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    owned(&state, &caller, &id)?;
     state.lifecycle.pause(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn resume(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
+    owned(&state, &caller, &id)?;
     let sandbox = state
         .lifecycle
         .resume(&id, body.timeout.map(Duration::from_secs))
@@ -272,9 +321,11 @@ fn snapshot_info(s: &SnapshotRecord) -> SnapshotInfo {
 
 async fn create_snapshot(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<SnapshotRequest>,
 ) -> Result<Response, ApiError> {
+    owned(&state, &caller, &id)?;
     let snapshot = state.lifecycle.snapshot(&id, body.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
 }
@@ -282,6 +333,7 @@ async fn create_snapshot(
 /// `?sandboxID=` narrows to one source sandbox, `?name=` to one snapshot.
 async fn list_snapshots(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Vec<SnapshotInfo>>, ApiError> {
     let source = query.get("sandboxID");
@@ -291,6 +343,7 @@ async fn list_snapshots(
             .lifecycle
             .snapshots()?
             .iter()
+            .filter(|s| caller.sees(&s.owner))
             .filter(|s| source.is_none_or(|id| s.source_sandbox.as_str() == id))
             .filter(|s| name.is_none_or(|n| s.id.as_str() == n))
             .map(snapshot_info)
@@ -302,9 +355,15 @@ async fn list_snapshots(
 /// managed with `airlock template`, so only snapshots are deleted here.
 async fn delete_snapshot(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.lifecycle.delete_snapshot(&id).await? {
+    let visible = state
+        .lifecycle
+        .snapshots()?
+        .iter()
+        .any(|s| s.id.as_str() == id && caller.sees(&s.owner));
+    if visible && state.lifecycle.delete_snapshot(&id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("snapshot '{id}' not found")))
@@ -313,9 +372,11 @@ async fn delete_snapshot(
 
 async fn fork(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ForkRequest>,
 ) -> Result<Response, ApiError> {
+    owned(&state, &caller, &id)?;
     let count = body.count.unwrap_or(1);
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(ApiError::bad_request(format!(
@@ -362,6 +423,7 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
 
 fn matching(
     state: &AppState,
+    caller: &Caller,
     query: &HashMap<String, String>,
 ) -> Result<Vec<SandboxRecord>, ApiError> {
     let filter = match query.get("metadata") {
@@ -378,6 +440,7 @@ fn matching(
         .lifecycle
         .list_records()?
         .into_iter()
+        .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .filter(|r| template.is_none_or(|t| r.template.as_str() == t))
@@ -386,18 +449,20 @@ fn matching(
 
 async fn list_v1(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
-    let all = matching(&state, &query)?;
+    let all = matching(&state, &caller, &query)?;
     Ok(Json(all.iter().map(|r| detail_body(r, false)).collect()))
 }
 
 /// Paginated list: `nextToken` is the id of the first sandbox of the next page.
 async fn list_v2(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let mut all = matching(&state, &query)?;
+    let mut all = matching(&state, &caller, &query)?;
     if query.get("order").map(String::as_str) == Some("desc") {
         all.reverse();
     }

@@ -56,6 +56,22 @@ pub enum TemplateCommand {
     Build { name: String },
 }
 
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Make a new API key and print it (only once: the server keeps just its SHA-256). Each key
+    /// sees and controls only the sandboxes and snapshots made with it.
+    Create {
+        /// What the key is for, shown by `airlock key ls`.
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// List API keys: id (the first 12 hex digits of the key's SHA-256), name, dates.
+    Ls,
+    /// Revoke a key by its id: requests made with it get 401 from then on. Its sandboxes keep
+    /// running until their timeout.
+    Revoke { id: String },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("cannot reach the Airlock server at {url}: {detail}")]
@@ -370,9 +386,7 @@ pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode,
                         t.name.to_string(),
                         t.content_hash.chars().take(12).collect(),
                         format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
-                        chrono::DateTime::from_timestamp(t.built_at, 0)
-                            .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                            .unwrap_or_default(),
+                        rfc3339(t.built_at),
                     ]
                 })
                 .collect();
@@ -409,6 +423,58 @@ pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode,
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn rfc3339(unix: i64) -> String {
+    chrono::DateTime::from_timestamp(unix, 0)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_default()
+}
+
+/// `airlock key …`: works on the data dir's database directly, so it needs the server's
+/// data dir (and its permissions), not a running server.
+pub fn key(cmd: KeyCommand, data_dir: &Path) -> Result<ExitCode, CliError> {
+    let data = DataDir(data_dir.to_owned());
+    let store = open_store(&data)?;
+    let now = airlock_core::lifecycle::now_unix();
+    let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
+    match cmd {
+        KeyCommand::Create { name } => {
+            let key = crate::serve::new_api_key();
+            let hash = crate::api::hash_key(&key);
+            store.add_api_key_hash(&hash, &name, now).map_err(failed)?;
+            println!("{key}");
+            eprintln!(
+                "key id {} (store the key now: it is not shown again)",
+                airlock_core::store::key_id(&hash)
+            );
+        }
+        KeyCommand::Ls => {
+            let rows: Vec<[String; 4]> = store
+                .api_keys()
+                .map_err(failed)?
+                .into_iter()
+                .map(|k| {
+                    [
+                        k.id,
+                        k.name,
+                        rfc3339(k.created_at),
+                        k.revoked_at.map(rfc3339).unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            print_table(&["ID", "NAME", "CREATED", "REVOKED"], &rows);
+        }
+        KeyCommand::Revoke { id } => {
+            if !store.revoke_api_key(&id, now).map_err(failed)? {
+                return Err(CliError::Failed(format!(
+                    "no live key has the id '{id}' (see `airlock key ls`)"
+                )));
+            }
+            println!("revoked {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn open_store(data: &DataDir) -> Result<Store, CliError> {

@@ -89,6 +89,9 @@ enum Command {
     /// Build and list templates (the root filesystems sandboxes start from).
     #[command(subcommand)]
     Template(cli::TemplateCommand),
+    /// Create, list and revoke API keys (works on the data dir; no server needed).
+    #[command(subcommand)]
+    Key(cli::KeyCommand),
     /// Run code in a fresh sandbox's code interpreter and print the results. Images (charts)
     /// are saved to files whose paths are printed. Exits 1 if the code raised an error.
     Run {
@@ -153,6 +156,7 @@ async fn run(cli: Cli) -> ExitCode {
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Template(cmd) => cli::template(cmd, &cli.data_dir).await,
+        Command::Key(cmd) => cli::key(cmd, &cli.data_dir),
         Command::Run {
             template,
             lang,

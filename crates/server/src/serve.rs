@@ -79,6 +79,7 @@ fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
         }
         store.add_api_key_hash(
             &api::hash_key(key.trim()),
+            "from AIRLOCK_API_KEY",
             airlock_core::lifecycle::now_unix(),
         )?;
         return Ok(KeySource::Environment);
@@ -86,10 +87,19 @@ fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
     if store.api_key_count()? > 0 {
         return Ok(KeySource::Existing);
     }
-    let key = format!("e2b_{}", hex::encode(rand::random::<[u8; 20]>()));
-    store.add_api_key_hash(&api::hash_key(&key), airlock_core::lifecycle::now_unix())?;
+    let key = new_api_key();
+    store.add_api_key_hash(
+        &api::hash_key(&key),
+        "generated at first start",
+        airlock_core::lifecycle::now_unix(),
+    )?;
     write_private(&data.api_key_file(), key.as_bytes())?;
     Ok(KeySource::Generated(key))
+}
+
+/// A new API key in E2B's format (`e2b_` and 40 hex digits), which the SDK checks.
+pub fn new_api_key() -> String {
+    format!("e2b_{}", hex::encode(rand::random::<[u8; 20]>()))
 }
 
 enum KeySource {
