@@ -102,9 +102,6 @@ pub trait Driver: Send + Sync + 'static {
     /// Names of all images, and of leftovers of checkpoints that never finished.
     fn images(&self) -> Result<Vec<String>, DriverError>;
 
-    /// Memory the sandbox is charged for on the host, in bytes, if known.
-    fn memory_usage(&self, id: &SandboxId) -> Option<u64>;
-
     /// A short `[a-z0-9]` tag that changes whenever images taken before stop being restorable
     /// (a new agent binary or runtime), so cached images are keyed by it.
     fn fingerprint(&self) -> String;

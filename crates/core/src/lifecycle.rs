@@ -84,8 +84,6 @@ pub enum LifecycleError {
     TemplateNotFound(String),
     #[error("sandbox '{0}' not found")]
     SandboxNotFound(String),
-    #[error("snapshot '{0}' not found")]
-    SnapshotNotFound(String),
     #[error("the server already runs its maximum of {0} sandboxes")]
     Capacity(usize),
     #[error("timeout of {requested}s exceeds the maximum of {max}s")]
@@ -94,8 +92,6 @@ pub enum LifecycleError {
     AlreadyPaused(String),
     #[error("sandbox '{0}' is already running")]
     AlreadyRunning(String),
-    #[error("sandbox '{0}' is paused; resume it first")]
-    Paused(String),
     #[error("sandbox '{0}' is being paused, resumed or snapshotted; try again")]
     Busy(String),
     #[error("'{0}' is not a valid snapshot name (a-z, 0-9, '.', '_', '-'; at most 64)")]
@@ -1211,9 +1207,6 @@ mod tests {
         async fn delete_image(&self, image: &str) -> Result<(), DriverError> {
             self.images.lock().unwrap().remove(image);
             Ok(())
-        }
-        fn memory_usage(&self, _: &SandboxId) -> Option<u64> {
-            None
         }
         fn fingerprint(&self) -> String {
             "test".into()

@@ -418,10 +418,6 @@ impl Driver for GvisorDriver {
         Ok(names)
     }
 
-    fn memory_usage(&self, id: &SandboxId) -> Option<u64> {
-        cgroup::memory_usage(id.as_str())
-    }
-
     fn fingerprint(&self) -> String {
         self.fingerprint.clone()
     }

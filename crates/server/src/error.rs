@@ -32,16 +32,15 @@ impl ApiError {
 impl From<LifecycleError> for ApiError {
     fn from(err: LifecycleError) -> Self {
         let status = match &err {
-            LifecycleError::TemplateNotFound(_)
-            | LifecycleError::SandboxNotFound(_)
-            | LifecycleError::SnapshotNotFound(_) => StatusCode::NOT_FOUND,
+            LifecycleError::TemplateNotFound(_) | LifecycleError::SandboxNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             LifecycleError::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             LifecycleError::TimeoutTooLong { .. } | LifecycleError::BadSnapshotName(_) => {
                 StatusCode::BAD_REQUEST
             }
             LifecycleError::AlreadyPaused(_)
             | LifecycleError::AlreadyRunning(_)
-            | LifecycleError::Paused(_)
             | LifecycleError::Busy(_) => StatusCode::CONFLICT,
             // Says what is full and how much is needed; nothing in it is secret.
             LifecycleError::NoSpace(_) => {
