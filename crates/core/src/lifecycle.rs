@@ -397,33 +397,37 @@ impl Lifecycle {
             memory_mb: self.limits.memory_mb,
             disk_mb: self.limits.disk_mb,
         };
-        let result = match image {
-            Some(image) => self.driver.restore(&spec, image).await,
-            None => self.driver.launch(&spec).await,
+        self.bring_up(&spec, image).await?;
+        Ok(Started {
+            id: spec.id,
+            slot,
+            rootfs: spec.rootfs,
+            token: None,
+        })
+    }
+
+    /// Boots the sandbox, or restores it from `image`, and waits for its agent; on failure
+    /// whatever was started is destroyed and the slot freed.
+    async fn bring_up(&self, spec: &LaunchSpec, image: Option<&str>) -> Result<(), LifecycleError> {
+        let started = match image {
+            Some(image) => self.driver.restore(spec, image).await,
+            None => self.driver.launch(spec).await,
         };
-        let result = match result {
+        let result = match started {
             Ok(()) => self
                 .agent
                 .wait_ready(
-                    SlotAddrs::for_slot(slot).sandbox,
+                    SlotAddrs::for_slot(spec.slot).sandbox,
                     self.limits.agent_start_timeout,
                 )
                 .await
                 .map_err(LifecycleError::Agent),
             Err(e) => Err(LifecycleError::Driver(e)),
         };
-        match result {
-            Ok(()) => Ok(Started {
-                id: spec.id,
-                slot,
-                rootfs: spec.rootfs,
-                token: None,
-            }),
-            Err(e) => {
-                self.release(spec.id, slot).await;
-                Err(e)
-            }
+        if result.is_err() {
+            self.release(spec.id.clone(), spec.slot).await;
         }
+        result
     }
 
     /// Makes a started sandbox the caller's: records it and hands its agent its identity.
@@ -672,20 +676,8 @@ impl Lifecycle {
             disk_mb: record.disk_mb,
         };
         let image = paused_image(&record.id);
-        let started = match self.driver.restore(&spec, &image).await {
-            Ok(()) => self
-                .agent
-                .wait_ready(
-                    SlotAddrs::for_slot(slot).sandbox,
-                    self.limits.agent_start_timeout,
-                )
-                .await
-                .map_err(LifecycleError::Agent),
-            Err(e) => Err(LifecycleError::Driver(e)),
-        };
-        if let Err(e) = started {
+        if let Err(e) = self.bring_up(&spec, Some(&image)).await {
             tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
-            self.release(record.id.clone(), slot).await;
             return Err(e);
         }
         record.state = SandboxState::Running;
@@ -708,8 +700,9 @@ impl Lifecycle {
         Ok(sandbox)
     }
 
-    /// E2B's connect: a running sandbox gets its deadline moved, a paused one is resumed.
-    /// Returns the sandbox and whether it was resumed.
+    /// E2B's connect: a running sandbox's deadline is moved to `timeout` from now if that is
+    /// later (connecting never shortens a sandbox's life); a paused one is resumed. Returns the
+    /// sandbox and whether it was resumed.
     pub async fn connect(
         &self,
         id: &str,
@@ -717,7 +710,9 @@ impl Lifecycle {
     ) -> Result<(Arc<Sandbox>, bool), LifecycleError> {
         if let Ok(sandbox) = self.get(id) {
             if let Some(t) = timeout {
-                self.set_timeout(id, t)?;
+                if now_unix() + t.as_secs() as i64 > sandbox.record().end_at {
+                    self.set_timeout(id, t)?;
+                }
             }
             return Ok((sandbox, false));
         }
@@ -731,7 +726,6 @@ impl Lifecycle {
         id: &str,
         name: Option<&str>,
     ) -> Result<SnapshotRecord, LifecycleError> {
-        let owner = self.record(id)?.owner;
         let snapshot_id = match name {
             Some(n) => {
                 TemplateName::parse(n).map_err(|_| LifecycleError::BadSnapshotName(n.to_owned()))?
@@ -762,7 +756,7 @@ impl Lifecycle {
                 source_sandbox: record.id.clone(),
                 access_token: record.access_token.clone(),
                 created_at: now_unix(),
-                owner,
+                owner: record.owner.clone(),
             };
             (
                 self.store

@@ -3,14 +3,12 @@
 use crate::proxy::HttpClient;
 use airlock_core::lifecycle::AgentClient;
 use airlock_wire::envd::InitRequest;
-use airlock_wire::ENVD_PORT;
+use airlock_wire::{CODE_INTERPRETER_PORT, ENVD_PORT};
 use axum::body::Body;
 use http_body_util::BodyExt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-/// The code interpreter's port inside a sandbox.
-const INTERPRETER_PORT: u16 = 49999;
 /// Imported by the golden image's Python kernel; what `import pandas` would cost a first run.
 /// Then the kernel's history starts a new session and its counter goes back, so that a user's
 /// first run is `In [1]` with no trace of this cell, as in a fresh kernel (IPython has already
@@ -62,7 +60,7 @@ impl AgentClient for HttpAgentClient {
     /// context (protocol doc §4), so a golden image holds a kernel that has them loaded.
     async fn warm_up(&self, addr: Ipv4Addr) -> Result<(), String> {
         let body = serde_json::json!({ "code": WARM_UP_CODE, "language": "python" });
-        let req = hyper::Request::post(format!("http://{addr}:{INTERPRETER_PORT}/execute"))
+        let req = hyper::Request::post(format!("http://{addr}:{CODE_INTERPRETER_PORT}/execute"))
             .header("content-type", "application/json")
             .body(Body::from(body.to_string()))
             .map_err(|e| e.to_string())?;

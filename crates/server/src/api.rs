@@ -2,14 +2,15 @@
 
 use crate::error::{ApiError, JsonBody};
 use crate::AppState;
-use airlock_core::lifecycle::{CreateParams, Sandbox as LiveSandbox};
+use airlock_core::lifecycle::{CreateParams, LifecycleError};
 use airlock_core::store::{SandboxRecord, SandboxState as StoredState, SnapshotRecord};
 use airlock_wire::api::{
     ErrorBody, ForkRequest, ForkResult, NewSandbox, Sandbox, SandboxDetail, SandboxLifecycle,
     SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
 };
 use airlock_wire::ENVD_VERSION;
-use axum::extract::{Extension, Path, Query, Request, State};
+use axum::extract::{Extension, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -61,14 +62,31 @@ impl Caller {
     }
 }
 
-/// The sandbox's record if the caller may see it; 404 otherwise, as for a sandbox that does not
-/// exist (another key's sandboxes are not even confirmed to exist).
-fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SandboxRecord, ApiError> {
-    let record = state.lifecycle.record(id)?;
-    if !caller.sees(&record.owner) {
-        return Err(airlock_core::lifecycle::LifecycleError::SandboxNotFound(id.to_owned()).into());
+/// A sandbox named by the request path (`{id}`) that the calling key may use. Another key's
+/// sandbox is rejected with 404, as one that does not exist: its existence is not confirmed.
+pub struct Owned {
+    pub id: String,
+    pub record: SandboxRecord,
+}
+
+impl FromRequestParts<AppState> for Owned {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        // `require_api_key` runs first on every API route and always sets the caller.
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
+        let record = state.lifecycle.record(&id)?;
+        if !caller.sees(&record.owner) {
+            return Err(LifecycleError::SandboxNotFound(id).into());
+        }
+        Ok(Owned { id, record })
     }
-    Ok(record)
 }
 
 async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -219,31 +237,23 @@ fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
     }
 }
 
-async fn detail(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Json<SandboxDetail>, ApiError> {
-    Ok(Json(detail_body(&owned(&state, &caller, &id)?, true)))
+async fn detail(Owned { record, .. }: Owned) -> Json<SandboxDetail> {
+    Json(detail_body(&record, true))
 }
 
 async fn kill(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
-    owned(&state, &caller, &id)?;
     state.lifecycle.kill(&id)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn set_timeout(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<StatusCode, ApiError> {
-    owned(&state, &caller, &id)?;
     let secs = body
         .timeout
         .ok_or_else(|| ApiError::bad_request("timeout (seconds) is required"))?;
@@ -257,54 +267,35 @@ async fn set_timeout(
 /// resumed (201).
 async fn connect(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    owned(&state, &caller, &id)?;
-    if let Ok(sandbox) = state.lifecycle.get(&id) {
-        if let Some(secs) = body.timeout {
-            extend_only(&state, &sandbox, secs)?;
-        }
-        return Ok((StatusCode::OK, Json(sandbox_body(&sandbox.record()))).into_response());
-    }
-    let (sandbox, _) = state
+    let (sandbox, resumed) = state
         .lifecycle
         .connect(&id, body.timeout.map(Duration::from_secs))
         .await?;
-    Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
-}
-
-/// Connecting never shortens a sandbox's life, it only extends it.
-fn extend_only(state: &AppState, sandbox: &LiveSandbox, secs: u64) -> Result<(), ApiError> {
-    let record = sandbox.record();
-    let wanted = airlock_core::lifecycle::now_unix() + secs as i64;
-    if wanted > record.end_at {
-        state
-            .lifecycle
-            .set_timeout(record.id.as_str(), Duration::from_secs(secs))?;
-    }
-    Ok(())
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(sandbox_body(&sandbox.record()))).into_response())
 }
 
 /// The body is optional (`{}` or E2B's `{"memory": false, ...}`); every pause keeps memory.
 async fn pause(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
-    owned(&state, &caller, &id)?;
     state.lifecycle.pause(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn resume(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    owned(&state, &caller, &id)?;
     let sandbox = state
         .lifecycle
         .resume(&id, body.timeout.map(Duration::from_secs))
@@ -321,11 +312,9 @@ fn snapshot_info(s: &SnapshotRecord) -> SnapshotInfo {
 
 async fn create_snapshot(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<SnapshotRequest>,
 ) -> Result<Response, ApiError> {
-    owned(&state, &caller, &id)?;
     let snapshot = state.lifecycle.snapshot(&id, body.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
 }
@@ -372,11 +361,9 @@ async fn delete_snapshot(
 
 async fn fork(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<ForkRequest>,
 ) -> Result<Response, ApiError> {
-    owned(&state, &caller, &id)?;
     let count = body.count.unwrap_or(1);
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(ApiError::bad_request(format!(

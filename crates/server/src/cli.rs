@@ -534,7 +534,10 @@ async fn execute(
     let mut req = client
         .request("POST", "/execute")
         .header(airlock_wire::SANDBOX_ID_HEADER, &sandbox.sandbox_id)
-        .header(airlock_wire::SANDBOX_PORT_HEADER, "49999")
+        .header(
+            airlock_wire::SANDBOX_PORT_HEADER,
+            airlock_wire::CODE_INTERPRETER_PORT.to_string(),
+        )
         .header("content-type", "application/json");
     if let Some(token) = &sandbox.envd_access_token {
         req = req.header(airlock_wire::ACCESS_TOKEN_HEADER, token);

@@ -15,6 +15,8 @@ pub const ENVD_VERSION: &str = "0.5.7";
 
 /// Port of the in-sandbox agent (envd protocol).
 pub const ENVD_PORT: u16 = 49983;
+/// Port of the code interpreter (E2B's Jupyter server) inside a sandbox.
+pub const CODE_INTERPRETER_PORT: u16 = 49999;
 
 /// Header that routes a request to a sandbox in single-host mode.
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";

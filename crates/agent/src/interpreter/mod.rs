@@ -22,7 +22,7 @@ use crate::state::AgentState;
 use std::net::SocketAddr;
 
 /// The port E2B's SDK sends Jupyter traffic to.
-pub const PORT: u16 = 49999;
+pub const PORT: u16 = airlock_wire::CODE_INTERPRETER_PORT;
 /// Overrides [`PORT`] (host runs next to another server).
 pub const PORT_ENV: &str = "AIRLOCK_INTERPRETER_PORT";
 
