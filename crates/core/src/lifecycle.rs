@@ -985,16 +985,30 @@ impl Lifecycle {
                 }
                 Err(e) => Err(e),
             };
-            let mut pools = self.pools();
-            let pool = pools.entry(template.name.clone()).or_default();
-            pool.filling -= 1;
-            match result {
-                Ok(started) => pool.ready.push(started),
-                Err(e) => {
-                    tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
-                    return;
+            {
+                let mut pools = self.pools();
+                let pool = pools.entry(template.name.clone()).or_default();
+                pool.filling -= 1;
+                match result {
+                    Ok(started) => {
+                        pool.ready.push(started);
+                        continue;
+                    }
+                    Err(LifecycleError::Agent(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
+                        return;
+                    }
                 }
             }
+            // Restored, but its agent never answered: the image itself is bad (saved with a
+            // connection that netstack could not restore). Make it again rather than hand out
+            // dead copies.
+            tracing::warn!(template = %template.name, image = golden, "copies of the golden image do not answer; making it again");
+            if let Err(e) = self.driver.delete_image(golden).await {
+                tracing::warn!(image = golden, error = %e, "deleting the golden image failed");
+            }
+            return;
         }
     }
 

@@ -128,6 +128,8 @@ fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> 
 /// `TIME_WAIT` (the host closed first and the sandbox acknowledged) or `CLOSE`, netstack holds
 /// nothing. Any other state means the sandbox still has a connected endpoint.
 const DRAINED_STATES: &[&str] = &["06", "07"];
+/// How long the host's side must stay drained before a checkpoint (see [`wait_until_drained`]).
+const DRAIN_SETTLE: Duration = Duration::from_millis(50);
 
 /// Waits until the host holds no TCP connection to `sandbox` whose other end is still open
 /// inside it, or `within` passes; returns whether it drained.
@@ -136,17 +138,30 @@ const DRAINED_STATES: &[&str] = &["06", "07"];
 /// listening socket whose accepted connection was reset that way accepts no connection after a
 /// restore (the handshake completes, the application is never woken). The agent's own listener
 /// is one, so the lifecycle closes its connections and this waits for the sandbox side to let go.
+///
+/// The host reaches `TIME_WAIT` when it sends its last ACK; netstack leaves `LAST_ACK` only
+/// when that ACK has been processed, a moment later. So "drained" must hold twice,
+/// [`DRAIN_SETTLE`] apart: a single look let a fresh-clone CI run save a golden image whose
+/// agent then never answered.
 pub(crate) async fn wait_until_drained(sandbox: Ipv4Addr, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;
+    let mut clear_since: Option<tokio::time::Instant> = None;
     loop {
         let open = match std::fs::read_to_string("/proc/net/tcp") {
             Ok(table) => open_connections(&table, sandbox),
             Err(_) => 0,
         };
+        let now = tokio::time::Instant::now();
         if open == 0 {
-            return true;
+            match clear_since {
+                Some(since) if now - since >= DRAIN_SETTLE => return true,
+                Some(_) => {}
+                None => clear_since = Some(now),
+            }
+        } else {
+            clear_since = None;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if now >= deadline {
             tracing::warn!(%sandbox, open, "connections to the sandbox did not close in time");
             return false;
         }
