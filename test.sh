@@ -14,6 +14,7 @@ export AIRLOCK_TEST_DATA_DIR=${AIRLOCK_TEST_DATA_DIR:-/var/tmp/airlock-test}
 scripts/prepare.sh "$AIRLOCK_TEST_DATA_DIR"
 echo "==> unit tests"
 cargo test --release --workspace --quiet
+echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}

@@ -30,11 +30,12 @@ class Server:
         self.proc = None
         self.log = data_dir / "server-test.log"
         self.extra_args = []  # more `airlock serve` flags
+        self.listen_host = "127.0.0.1"
 
     def start(self):
         env = dict(os.environ, AIRLOCK_API_KEY=API_KEY, AIRLOCK_LOG="info")
         self.proc = subprocess.Popen(
-            [str(AIRLOCK), "--data-dir", str(self.data_dir), "serve", "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
+            [str(AIRLOCK), "--data-dir", str(self.data_dir), "serve", "--listen", f"{self.listen_host}:{self.port}", *self.extra_args],
             stdout=open(self.log, "ab"),
             stderr=subprocess.STDOUT,
             env=env,

@@ -21,16 +21,29 @@ def server():
     srv.stop()
 
 
+# Airlock's create-body extension, which the SDK has no argument for.
+SIZE_FIELDS = ("cpuCount", "memoryMB", "diskSizeMB")
+
+
 @pytest.fixture
 def sandbox_factory(server):
+    """Makes `base` sandboxes (killed afterwards). SDK arguments pass through; a size
+    (`cpuCount`, `memoryMB`, `diskSizeMB`) makes it create through the REST API instead."""
     from e2b import Sandbox
 
     made = []
 
     def make(**kwargs):
-        kwargs.setdefault("metadata", {})
-        kwargs["metadata"].setdefault("test_id", uuid.uuid4().hex)
-        sbx = Sandbox.create("base", **kwargs)
+        size = {k: kwargs.pop(k) for k in SIZE_FIELDS if k in kwargs}
+        if size:
+            assert not kwargs, "sizes and SDK arguments do not mix here"
+            status, body = server.api("POST", "/v2/sandboxes", {"templateID": "base", **size})
+            assert status == 201, body
+            sbx = Sandbox.connect(body["sandboxID"])
+        else:
+            kwargs.setdefault("metadata", {})
+            kwargs["metadata"].setdefault("test_id", uuid.uuid4().hex)
+            sbx = Sandbox.create("base", **kwargs)
         made.append(sbx)
         return sbx
 

@@ -73,14 +73,15 @@ def host_addresses():
     return sorted({line.split()[3].split("/")[0] for line in out.splitlines()})
 
 
-def test_control_api_metadata_and_neighbours_are_unreachable(server, sandbox_factory):
-    a, b = sandbox_factory(), sandbox_factory()
+def probe_network(server, a, b):
+    """From sandbox `a`: which of the control API (on every host address), cloud metadata, and
+    `b`'s agent and user port does a connect reach?"""
     b_ip = b.commands.run("hostname -I").stdout.split()[0]
     targets = [(ip, server.port) for ip in host_addresses()]
     targets += [("169.254.169.254", 80), (b_ip, 49983), (b_ip, 8000)]
     b.commands.run("python3 -m http.server 8000 --bind 0.0.0.0", background=True)
     b.commands.run("for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:8000/ && break; sleep 0.1; done")
-    result = py(a, f"""
+    return py(a, f"""
 import json, socket
 def connect(host, port):
     try:
@@ -91,10 +92,46 @@ def connect(host, port):
 print(json.dumps({{"targets": {{f"{{h}}:{{p}}": connect(h, p) for h, p in {targets!r}}},
                   "control": connect("127.0.0.1", 49983)}}))
 """)
+
+
+@pytest.fixture
+def api_on_all_addresses(server):
+    """Restarts the server listening on every host address, so that the control API is there to
+    be reached from a sandbox; `extra_args` sets more flags. Restores it afterwards."""
+
+    def restart(*extra_args):
+        server.stop()
+        server.listen_host, server.extra_args = "0.0.0.0", list(extra_args)
+        server.start()
+
+    yield restart
+    server.stop()
+    server.listen_host, server.extra_args = "127.0.0.1", []
+    server.start()
+
+
+def test_control_api_metadata_and_neighbours_are_unreachable(server, api_on_all_addresses, sandbox_factory):
+    api_on_all_addresses()
+    a, b = sandbox_factory(), sandbox_factory()
+    result = probe_network(server, a, b)
     assert result["control"] is True, "the probe's connects work"
     assert not any(result["targets"].values()), result["targets"]
     # The neighbour's server does run: reachable from inside itself.
     assert b.commands.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/").stdout == "200"
+
+
+def test_the_network_probe_sees_leaks_with_the_firewall_off(server, api_on_all_addresses, sandbox_factory):
+    """The same probe against a server started with `--insecure-open-network` (a debugging
+    mode, never the default) must see the control API and the neighbour. Left out: the host's
+    loopback, which no network namespace reaches, and cloud metadata, which does not exist on our
+    test machines."""
+    api_on_all_addresses("--insecure-open-network")
+    a, b = sandbox_factory(), sandbox_factory()
+    reached = probe_network(server, a, b)["targets"]
+    b_ip = b.commands.run("hostname -I").stdout.split()[0]
+    assert reached[f"{b_ip}:49983"] and reached[f"{b_ip}:8000"], reached
+    api = {t: ok for t, ok in reached.items() if t.endswith(f":{server.port}") and not t.startswith("127.")}
+    assert api and all(api.values()), reached
 
 
 def test_raw_sockets_mount_ptrace_and_kvm_are_refused(sandbox):

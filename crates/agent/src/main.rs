@@ -5,23 +5,13 @@
 //! reaches it over the sandbox's own network link and calls `/init` once to hand it the sandbox's
 //! env vars, access token and (for a sandbox restored from a checkpoint) its own hostname.
 
-mod auth;
-mod caps;
-mod files;
-mod fs;
-mod interpreter;
-mod process;
-mod rpc;
-mod state;
-mod users;
-mod watch;
-
+use airlock_agent::state::{Agent, AgentState};
+use airlock_agent::{auth, caps, files, fs, interpreter, oom, process, reaper, rpc, watch};
 use airlock_wire::envd::InitRequest;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use state::{Agent, AgentState};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -123,6 +113,8 @@ async fn serve() {
             eprintln!("airlock-agent: cannot detach stdio: {e}");
         }
     }
+    oom::spawn_guard();
+    reaper::spawn_reaper();
     let agent = Agent::new();
     interpreter::start(agent.clone()).await;
     let app = router(agent);

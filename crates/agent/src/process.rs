@@ -237,6 +237,7 @@ fn spawn(
         .envs(&config.envs)
         .uid(user.uid)
         .gid(user.gid);
+    crate::rlimits::cap_processes(&mut cmd);
 
     let pty = req.pty.map(|p| open_pty(p.size)).transpose()?;
     let mut child = match &pty {
@@ -282,6 +283,7 @@ fn spawn(
     let pid = child
         .id()
         .ok_or_else(|| RpcError::internal("process exited before it was registered"))?;
+    crate::reaper::track(pid);
     let (input, pty_master, pumps) = match pty {
         Some((master, _slave)) => {
             // `_slave` drops here: the parent must not hold the terminal open, or reads of the

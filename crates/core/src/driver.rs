@@ -3,6 +3,7 @@
 //! The lifecycle code talks only to this trait, so a gVisor driver today and a Firecracker driver
 //! later sit behind the same calls, with the same agent inside.
 
+use crate::egress::Egress;
 use crate::ids::SandboxId;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -15,6 +16,14 @@ pub struct LaunchSpec {
     pub rootfs: PathBuf,
     /// Network slot: a small integer, unique among live sandboxes, that fixes the addresses.
     pub slot: u32,
+    pub resources: Resources,
+    /// Outbound network policy, in force before the sandbox's first instruction.
+    pub egress: Egress,
+}
+
+/// What one sandbox may use. 0 means unlimited (tests only: the server always sets them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resources {
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub disk_mb: u32,
@@ -70,6 +79,10 @@ pub trait Driver: Send + Sync + 'static {
     /// Starts the sandbox with the agent as its first process. Returns once the sandbox runs;
     /// the caller waits for the agent to answer.
     async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError>;
+
+    /// Replaces the outbound network policy of the sandbox in `slot` (launches and restores
+    /// apply [`LaunchSpec::egress`] themselves; this is for one already running).
+    async fn set_egress(&self, slot: u32, egress: &Egress) -> Result<(), DriverError>;
 
     /// Stops the sandbox and removes everything it held on the host (processes, mounts, network
     /// devices, files). Succeeds if the sandbox is already gone.

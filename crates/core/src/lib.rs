@@ -3,6 +3,7 @@
 //! Nothing here speaks HTTP; the server binary wraps it.
 
 pub mod driver;
+pub mod egress;
 pub mod ids;
 pub mod lifecycle;
 pub mod store;

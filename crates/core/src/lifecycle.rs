@@ -13,7 +13,8 @@
 //! share one memory image, so the agent reseeds what a restore copies (hostname, and the
 //! interpreter's random generators) when `/init` gives it a new hostname.
 
-use crate::driver::{Driver, DriverError, LaunchSpec, SlotAddrs};
+use crate::driver::{Driver, DriverError, LaunchSpec, Resources, SlotAddrs};
+use crate::egress::Egress;
 use crate::ids::{random_token, SandboxId, TemplateName};
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, Store, StoreError};
 use airlock_wire::envd::InitRequest;
@@ -51,9 +52,10 @@ pub struct Limits {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    /// What a sandbox gets when its create names no resources.
+    pub default_resources: Resources,
+    /// The most a create may ask for.
+    pub max_resources: Resources,
     /// How long a new sandbox's agent may take to answer.
     pub agent_start_timeout: Duration,
     /// Ready sandboxes kept per template (0 turns pools and golden images off).
@@ -68,9 +70,16 @@ impl Default for Limits {
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             max_sandboxes: 256,
-            cpu_count: 2,
-            memory_mb: 1024,
-            disk_mb: 5120,
+            default_resources: Resources {
+                cpu_count: 2,
+                memory_mb: 1024,
+                disk_mb: 5120,
+            },
+            max_resources: Resources {
+                cpu_count: 8,
+                memory_mb: 8192,
+                disk_mb: 20480,
+            },
             agent_start_timeout: Duration::from_secs(20),
             pool_size: 2,
             pool_min_available_mb: 2048,
@@ -84,6 +93,8 @@ pub enum LifecycleError {
     TemplateNotFound(String),
     #[error("sandbox '{0}' not found")]
     SandboxNotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
     #[error("the server already runs its maximum of {0} sandboxes")]
     Capacity(usize),
     #[error("timeout of {requested}s exceeds the maximum of {max}s")]
@@ -120,6 +131,11 @@ pub struct CreateParams {
     pub auto_resume: bool,
     /// The API key that creates it.
     pub owner: Option<String>,
+    /// CPU, memory and disk asked for; each one left out gets the server's default.
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    pub disk_mb: Option<u32>,
+    pub egress: Egress,
 }
 
 /// A running sandbox.
@@ -170,6 +186,8 @@ struct Started {
     rootfs: PathBuf,
     /// The access token its agent holds (restored from a snapshot: the source's).
     token: Option<String>,
+    /// The policy it was started with.
+    egress: Egress,
 }
 
 /// Ready sandboxes of one template, restored from its golden image.
@@ -199,6 +217,11 @@ pub struct Lifecycle {
 }
 
 /// How long a pause, resume or snapshot waits for another one on the same sandbox.
+/// The smallest memory and disk a create may ask for: below them the agent and a shell do not
+/// fit.
+const MIN_MEMORY_MB: u32 = 128;
+const MIN_DISK_MB: u32 = 64;
+
 const BUSY_WAIT: Duration = Duration::from_secs(60);
 
 pub fn now_unix() -> i64 {
@@ -345,26 +368,76 @@ impl Lifecycle {
         let name = TemplateName::parse(&params.template)
             .map_err(|_| LifecycleError::TemplateNotFound(params.template.clone()))?;
         let timeout = self.clamp_timeout(params.timeout)?;
+        let resources = self.resources_for(&params)?;
         if self.live().len() >= self.limits.max_sandboxes {
             return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
         }
         let started = if let Some(template) = self.store.template(&name)? {
-            match self.take_pooled(&template) {
+            // Pooled sandboxes have the default resources; a policy is applied at claim time.
+            let pooled = (resources == self.limits.default_resources)
+                .then(|| self.take_pooled(&template))
+                .flatten();
+            match pooled {
                 Some(pooled) => pooled,
                 None => {
                     let golden = self.golden_image(&template);
                     let image = self.driver.has_image(&golden).then_some(golden);
-                    self.start(&template.rootfs, image.as_deref()).await?
+                    let launch = (resources, params.egress.clone());
+                    self.start(&template.rootfs, image.as_deref(), launch)
+                        .await?
                 }
             }
         } else if let Some(snapshot) = self.store.snapshot(&name)? {
-            let mut started = self.start(&snapshot.rootfs, Some(&snapshot.image)).await?;
+            // The snapshot's processes run as soon as it is restored: the policy goes first.
+            let launch = (resources, params.egress.clone());
+            let mut started = self
+                .start(&snapshot.rootfs, Some(&snapshot.image), launch)
+                .await?;
             started.token = snapshot.access_token;
             started
         } else {
             return Err(LifecycleError::TemplateNotFound(params.template));
         };
-        self.claim(started, name, params, timeout).await
+        self.claim(started, name, params, resources, timeout).await
+    }
+
+    /// The create's resources, each defaulted and checked against the server's maximum.
+    fn resources_for(&self, params: &CreateParams) -> Result<Resources, LifecycleError> {
+        let (default, max) = (self.limits.default_resources, self.limits.max_resources);
+        let pick = |asked: Option<u32>, default: u32, min: u32, max: u32, what: &str| {
+            // A server started with a maximum below the default hands out the maximum.
+            let value = asked.unwrap_or(default.min(max));
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(LifecycleError::BadRequest(format!(
+                    "{what} must be between {min} and {max} on this server, not {value}"
+                )))
+            }
+        };
+        Ok(Resources {
+            cpu_count: pick(
+                params.cpu_count,
+                default.cpu_count,
+                1,
+                max.cpu_count,
+                "cpuCount",
+            )?,
+            memory_mb: pick(
+                params.memory_mb,
+                default.memory_mb,
+                MIN_MEMORY_MB,
+                max.memory_mb,
+                "memoryMB",
+            )?,
+            disk_mb: pick(
+                params.disk_mb,
+                default.disk_mb,
+                MIN_DISK_MB,
+                max.disk_mb,
+                "diskSizeMB",
+            )?,
+        })
     }
 
     /// Takes a ready sandbox of the template from its pool, if one is there.
@@ -387,15 +460,15 @@ impl Lifecycle {
         &self,
         rootfs: &std::path::Path,
         image: Option<&str>,
+        (resources, egress): (Resources, Egress),
     ) -> Result<Started, LifecycleError> {
         let slot = self.take_slot()?;
         let spec = LaunchSpec {
             id: SandboxId::generate(),
             rootfs: rootfs.to_owned(),
             slot,
-            cpu_count: self.limits.cpu_count,
-            memory_mb: self.limits.memory_mb,
-            disk_mb: self.limits.disk_mb,
+            resources,
+            egress,
         };
         self.bring_up(&spec, image).await?;
         Ok(Started {
@@ -403,7 +476,13 @@ impl Lifecycle {
             slot,
             rootfs: spec.rootfs,
             token: None,
+            egress: spec.egress,
         })
+    }
+
+    /// How pooled sandboxes and golden images are started.
+    fn default_launch(&self) -> (Resources, Egress) {
+        (self.limits.default_resources, Egress::default())
     }
 
     /// Boots the sandbox, or restores it from `image`, and waits for its agent; on failure
@@ -436,8 +515,15 @@ impl Lifecycle {
         started: Started,
         template: TemplateName,
         params: CreateParams,
+        resources: Resources,
         timeout: Duration,
     ) -> Result<Arc<Sandbox>, LifecycleError> {
+        if started.egress != params.egress {
+            if let Err(e) = self.driver.set_egress(started.slot, &params.egress).await {
+                self.release(started.id, started.slot).await;
+                return Err(LifecycleError::Driver(e));
+            }
+        }
         let now = now_unix();
         let record = SandboxRecord {
             id: started.id.clone(),
@@ -450,12 +536,11 @@ impl Lifecycle {
             env_vars: params.env_vars,
             started_at: now,
             end_at: now + timeout.as_secs() as i64,
-            cpu_count: self.limits.cpu_count,
-            memory_mb: self.limits.memory_mb,
-            disk_mb: self.limits.disk_mb,
+            resources,
             pause_on_timeout: params.pause_on_timeout,
             auto_resume: params.auto_resume,
             owner: params.owner,
+            egress: params.egress,
         };
         if let Err(e) = self.store.insert_sandbox(&record) {
             self.release(started.id, started.slot).await;
@@ -579,6 +664,30 @@ impl Lifecycle {
     }
 
     /// Sets the sandbox to expire `timeout` from now (replacing the old deadline).
+    /// Replaces a sandbox's outbound rules: at once if it runs, at its resume if it is paused.
+    pub async fn set_egress(&self, id: &str, egress: Egress) -> Result<(), LifecycleError> {
+        let _busy = self.mark_busy(id).await?;
+        match self.get(id) {
+            Ok(sandbox) => {
+                self.driver
+                    .set_egress(sandbox.slot, &egress)
+                    .await
+                    .map_err(LifecycleError::Driver)?;
+                self.store.set_egress(&sandbox.id(), &egress)?;
+                sandbox
+                    .record
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .egress = egress;
+            }
+            Err(_) => {
+                let record = self.record(id)?;
+                self.store.set_egress(&record.id, &egress)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
         let timeout = self.clamp_timeout(Some(timeout))?;
         let sandbox = self.get(id)?;
@@ -671,9 +780,8 @@ impl Lifecycle {
             id: record.id.clone(),
             rootfs: record.rootfs.clone(),
             slot,
-            cpu_count: record.cpu_count,
-            memory_mb: record.memory_mb,
-            disk_mb: record.disk_mb,
+            resources: record.resources,
+            egress: record.egress.clone(),
         };
         let image = paused_image(&record.id);
         if let Err(e) = self.bring_up(&spec, Some(&image)).await {
@@ -811,6 +919,10 @@ impl Lifecycle {
                     pause_on_timeout: source.pause_on_timeout,
                     auto_resume: source.auto_resume,
                     owner: source.owner.clone(),
+                    cpu_count: Some(source.resources.cpu_count),
+                    memory_mb: Some(source.resources.memory_mb),
+                    disk_mb: Some(source.resources.disk_mb),
+                    egress: source.egress.clone(),
                 })
                 .await,
             );
@@ -917,7 +1029,9 @@ impl Lifecycle {
         image: &str,
     ) -> Result<(), LifecycleError> {
         let started_at = std::time::Instant::now();
-        let started = self.start(&template.rootfs, None).await?;
+        let started = self
+            .start(&template.rootfs, None, self.default_launch())
+            .await?;
         let addr = SlotAddrs::for_slot(started.slot).sandbox;
         let init = InitRequest {
             default_user: Some("user".into()),
@@ -965,7 +1079,9 @@ impl Lifecycle {
                 }
                 pool.filling += 1;
             }
-            let result = self.start(&template.rootfs, Some(golden)).await;
+            let result = self
+                .start(&template.rootfs, Some(golden), self.default_launch())
+                .await;
             let result = match result {
                 Ok(started) => {
                     // The hostname now: the restored copy becomes itself before anyone asks.
@@ -1044,6 +1160,10 @@ impl Lifecycle {
                     .wait_ready(addr, Duration::from_secs(2))
                     .await
                     .is_ok();
+            // The driver's firewall starts empty: an adopted sandbox gets its policy back first.
+            let alive = alive
+                && (record.egress.is_open()
+                    || self.driver.set_egress(slot, &record.egress).await.is_ok());
             if alive && record.end_at > now_unix() {
                 let sandbox = Sandbox::new(record.clone(), slot);
                 self.live().insert(record.id.clone(), sandbox);
@@ -1165,6 +1285,8 @@ mod tests {
         destroyed: Mutex<Vec<SandboxId>>,
         swept_keep: Mutex<Vec<SandboxId>>,
         images: Mutex<HashSet<String>>,
+        /// The policy in force per slot, as launches, restores and `set_egress` left it.
+        egress: Mutex<HashMap<u32, Egress>>,
         fail_launch: bool,
         fail_checkpoint: bool,
     }
@@ -1179,6 +1301,14 @@ mod tests {
                 });
             }
             self.running.lock().unwrap().push(spec.id.clone());
+            self.egress
+                .lock()
+                .unwrap()
+                .insert(spec.slot, spec.egress.clone());
+            Ok(())
+        }
+        async fn set_egress(&self, slot: u32, egress: &Egress) -> Result<(), DriverError> {
+            self.egress.lock().unwrap().insert(slot, egress.clone());
             Ok(())
         }
         async fn destroy(&self, id: &SandboxId, _slot: u32) -> Result<(), DriverError> {
@@ -1207,6 +1337,10 @@ mod tests {
                 "no image {image}"
             );
             self.running.lock().unwrap().push(spec.id.clone());
+            self.egress
+                .lock()
+                .unwrap()
+                .insert(spec.slot, spec.egress.clone());
             Ok(())
         }
         fn has_image(&self, image: &str) -> bool {
@@ -1377,6 +1511,78 @@ mod tests {
             next.record().slot,
             lc2.get(alive.as_str()).unwrap().record().slot
         );
+    }
+
+    #[tokio::test]
+    async fn policies_and_resources_follow_the_sandbox() {
+        let driver = Arc::new(RecordingDriver::default());
+        let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+        let egress = Egress::from_request(Some(false), &["pypi.org".into()], &[]).unwrap();
+        let a = lc
+            .create(CreateParams {
+                egress: egress.clone(),
+                cpu_count: Some(1),
+                memory_mb: Some(512),
+                ..params()
+            })
+            .await
+            .unwrap();
+        let slot = a.record().slot.unwrap();
+        assert_eq!(driver.egress.lock().unwrap()[&slot], egress);
+        let record = store.sandbox(&a.id()).unwrap().unwrap();
+        assert_eq!(record.egress, egress);
+        assert_eq!(
+            record.resources,
+            Resources {
+                cpu_count: 1,
+                memory_mb: 512,
+                disk_mb: Limits::default().default_resources.disk_mb
+            }
+        );
+
+        // A resume lands in another slot, with the same policy before it runs.
+        lc.create(params()).await.unwrap();
+        lc.pause(a.id().as_str()).await.unwrap();
+        lc.create(params()).await.unwrap();
+        let resumed = lc.resume(a.id().as_str(), None).await.unwrap();
+        let new_slot = resumed.record().slot.unwrap();
+        assert_ne!(new_slot, slot);
+        assert_eq!(driver.egress.lock().unwrap()[&new_slot], egress);
+
+        // Rules replaced while it runs take effect at once; while it is paused, at its resume.
+        let id = resumed.id();
+        lc.set_egress(id.as_str(), Egress::default()).await.unwrap();
+        assert!(driver.egress.lock().unwrap()[&new_slot].is_open());
+        lc.pause(id.as_str()).await.unwrap();
+        lc.set_egress(id.as_str(), egress.clone()).await.unwrap();
+        let again = lc.resume(id.as_str(), None).await.unwrap();
+        assert_eq!(
+            driver.egress.lock().unwrap()[&again.record().slot.unwrap()],
+            egress
+        );
+        assert!(matches!(
+            lc.set_egress("nosuch", Egress::default()).await,
+            Err(LifecycleError::SandboxNotFound(_))
+        ));
+
+        for (cpu, mem, disk) in [
+            (Some(0), None, None),
+            (Some(9), None, None),
+            (None, Some(64), None),
+            (None, None, Some(1 << 20)),
+        ] {
+            let err = lc
+                .create(CreateParams {
+                    cpu_count: cpu,
+                    memory_mb: mem,
+                    disk_mb: disk,
+                    ..params()
+                })
+                .await
+                .err()
+                .unwrap();
+            assert!(matches!(err, LifecycleError::BadRequest(_)), "{err}");
+        }
     }
 
     #[tokio::test]

@@ -2,6 +2,8 @@
 //!
 //! Every write is a single statement, so a `kill -9` at any point leaves a consistent file.
 
+use crate::driver::Resources;
+use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
@@ -59,9 +61,7 @@ pub struct SandboxRecord {
     pub started_at: i64,
     /// Unix seconds; the sandbox is killed when this passes.
     pub end_at: i64,
-    pub cpu_count: u32,
-    pub memory_mb: u32,
-    pub disk_mb: u32,
+    pub resources: Resources,
     /// Pause instead of kill when the timeout passes (E2B's `lifecycle.onTimeout = "pause"`).
     pub pause_on_timeout: bool,
     /// Resume on connect-style traffic (E2B's `autoResume`); recorded and reported.
@@ -69,6 +69,8 @@ pub struct SandboxRecord {
     /// Id of the API key that created it; only that key sees it. `None` for sandboxes from
     /// before keys had owners, which every key sees.
     pub owner: Option<String>,
+    /// Its outbound network policy.
+    pub egress: Egress,
 }
 
 /// An API key as stored: only its SHA-256 is kept.
@@ -165,6 +167,7 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         for (table, column) in [
             ("sandboxes", "owner TEXT"),
+            ("sandboxes", "egress TEXT NOT NULL DEFAULT '{}'"),
             ("snapshots", "owner TEXT"),
             ("api_keys", "name TEXT NOT NULL DEFAULT ''"),
             ("api_keys", "revoked_at INTEGER"),
@@ -186,8 +189,8 @@ impl Store {
         self.conn().execute(
             "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
              env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
-             auto_resume, owner)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             auto_resume, owner, egress)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
             params![
                 r.id.as_str(),
                 r.template.as_str(),
@@ -199,12 +202,13 @@ impl Store {
                 serde_json::to_string(&r.env_vars).expect("map serializes"),
                 r.started_at,
                 r.end_at,
-                r.cpu_count,
-                r.memory_mb,
-                r.disk_mb,
+                r.resources.cpu_count,
+                r.resources.memory_mb,
+                r.resources.disk_mb,
                 r.pause_on_timeout,
                 r.auto_resume,
-                r.owner
+                r.owner,
+                serde_json::to_string(&r.egress).expect("policy serializes"),
             ],
         )?;
         Ok(())
@@ -221,6 +225,17 @@ impl Store {
         self.conn().execute(
             "UPDATE sandboxes SET state = ?2, slot = ?3, end_at = ?4 WHERE id = ?1",
             params![id.as_str(), state.as_str(), slot, end_at],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_egress(&self, id: &SandboxId, egress: &Egress) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE sandboxes SET egress = ?2 WHERE id = ?1",
+            params![
+                id.as_str(),
+                serde_json::to_string(egress).expect("policy serializes")
+            ],
         )?;
         Ok(())
     }
@@ -244,7 +259,7 @@ impl Store {
         let mut stmt = conn.prepare(
             "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
              started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume,
-             owner FROM sandboxes ORDER BY started_at, id",
+             owner, egress FROM sandboxes ORDER BY started_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -265,12 +280,16 @@ impl Store {
                         .map_err(|_| StoreError::Corrupt(id.clone()))?,
                     started_at: row.get(8)?,
                     end_at: row.get(9)?,
-                    cpu_count: row.get(10)?,
-                    memory_mb: row.get(11)?,
-                    disk_mb: row.get(12)?,
+                    resources: Resources {
+                        cpu_count: row.get(10)?,
+                        memory_mb: row.get(11)?,
+                        disk_mb: row.get(12)?,
+                    },
                     pause_on_timeout: row.get(13)?,
                     auto_resume: row.get(14)?,
                     owner: row.get(15)?,
+                    egress: serde_json::from_str(&text(16)?)
+                        .map_err(|_| StoreError::Corrupt(id.clone()))?,
                 })
             })())
         })?;
@@ -544,12 +563,15 @@ mod tests {
             env_vars: BTreeMap::new(),
             started_at: 10,
             end_at: 20,
-            cpu_count: 2,
-            memory_mb: 1024,
-            disk_mb: 5120,
+            resources: Resources {
+                cpu_count: 2,
+                memory_mb: 1024,
+                disk_mb: 5120,
+            },
             pause_on_timeout: true,
             auto_resume: false,
             owner: Some("k1".into()),
+            egress: Egress::from_request(Some(false), &["1.1.1.1".into()], &[]).unwrap(),
         }
     }
 

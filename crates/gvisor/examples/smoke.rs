@@ -5,7 +5,8 @@
 //! HTTP server standing in for the real one, checks addresses, isolation and what the sandbox
 //! sees, destroys both and checks that nothing is left on the host. Prints timings.
 
-use airlock_core::driver::{Driver, LaunchSpec, SlotAddrs};
+use airlock_core::driver::{Driver, LaunchSpec, Resources, SlotAddrs};
+use airlock_core::egress::Egress;
 use airlock_core::ids::{SandboxId, TemplateName};
 use airlock_core::store::Store;
 use airlock_core::template;
@@ -95,9 +96,12 @@ async fn main() -> anyhow::Result<()> {
             id: SandboxId::generate(),
             rootfs: record.rootfs.clone(),
             slot,
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_mb: 1024,
+            resources: Resources {
+                cpu_count: 1,
+                memory_mb: 512,
+                disk_mb: 1024,
+            },
+            egress: Egress::default(),
         };
         let addr = SlotAddrs::for_slot(slot).sandbox;
         let t = Instant::now();
@@ -155,9 +159,12 @@ async fn main() -> anyhow::Result<()> {
         id: SandboxId::generate(),
         rootfs: empty.clone(),
         slot: 2,
-        cpu_count: 1,
-        memory_mb: 256,
-        disk_mb: 1024,
+        resources: Resources {
+            cpu_count: 1,
+            memory_mb: 256,
+            disk_mb: 1024,
+        },
+        egress: Egress::default(),
     };
     let t = Instant::now();
     match driver.launch(&bad).await {

@@ -54,6 +54,27 @@ pub(crate) fn memory_usage(id: &str) -> Option<u64> {
     .and_then(|s| s.trim().parse().ok())
 }
 
+/// Sets the most memory the host lets the sandbox's processes (sentry, gofer) hold, in bytes
+/// (v1 `memory.limit_in_bytes`, v2 `memory.max`).
+pub(crate) fn set_memory_limit(id: &str, bytes: u64) -> Result<(), DriverError> {
+    let root = Path::new(CGROUP_ROOT);
+    let file = [
+        root.join("memory")
+            .join(PARENT)
+            .join(id)
+            .join("memory.limit_in_bytes"),
+        root.join(PARENT).join(id).join("memory.max"),
+    ]
+    .into_iter()
+    .find(|f| f.exists())
+    .ok_or_else(|| DriverError::Command {
+        what: format!("limiting the memory of {id}"),
+        detail: "the sandbox has no memory cgroup".into(),
+    })?;
+    std::fs::write(&file, bytes.to_string())
+        .map_err(DriverError::io(format!("writing {}", file.display())))
+}
+
 /// Removes the sandbox's cgroup directories. Processes still in them are killed first: a runsc
 /// killed half-way through `run` or `restore` leaves its sandbox and gofer running, unknown to
 /// `runsc delete`, and the cgroup is the one place that still names them.

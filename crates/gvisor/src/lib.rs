@@ -7,7 +7,8 @@
 //! - **Platform: systrap.** It needs nothing from the host; the KVM platform does not work here,
 //!   because `/dev/kvm` on these machines runs only PVM guests.
 //! - **Network: gVisor's netstack (`--network=sandbox`) in a per-sandbox netns** (`al-{id}`, with
-//!   `eth0` peered to the host's `alv{slot}`, see [`net`]). The sandbox's TCP/IP runs inside the
+//!   `eth0` peered to the host's `alv{slot}`, see [`net`]; what may cross that link, and the
+//!   egress policy, is [`firewall`]'s business). The sandbox's TCP/IP runs inside the
 //!   sentry, not in the host kernel, and checkpoint/restore keeps working; `--network=host`
 //!   refuses checkpoint ("not supported when using hostinet"). This runsc wrongly thinks every
 //!   netns is the host's unless `/proc/sys/net` is hidden, so it is started in a private mount
@@ -16,12 +17,15 @@
 //! - **Writable layer: `--overlay2=root:dir={bundle}/overlay`.** The template stays untouched;
 //!   the overlay's upper layer is backed by an (unlinked) filestore file in the sandbox's bundle
 //!   directory, so a sandbox writing 1 GB costs 1 GB of host disk, not host RAM (`root:memory`
-//!   showed 1 GB of shared memory in the sandbox process for the same write). The file vanishes
-//!   with the sandbox. Inside, `df /` reports an effectively unlimited size (8 EiB) with either
-//!   medium: `disk_mb` is not enforced yet. gVisor mounts its own tmpfs at `/tmp` (the template's
-//!   `/tmp` is empty), so `/tmp` is in sandbox memory, within the memory limit.
-//! - **Limits: cgroups `airlock/{id}`** with the memory limit (gVisor also reports it as
-//!   `MemTotal`) and a CPU quota of `cpu_count` CPUs. runsc creates and removes them.
+//!   showed 1 GB of shared memory in the sandbox process for the same write). runsc bounds it by
+//!   nothing, so that directory is a loop-mounted filesystem of the sandbox's disk size (see
+//!   [`disk`]): a full disk is `ENOSPC` inside, and the file vanishes with the sandbox. gVisor
+//!   mounts its own tmpfs at `/tmp` (the template's `/tmp` is empty), so `/tmp` is in sandbox
+//!   memory, within the memory limit.
+//! - **Limits: cgroups `airlock/{id}`** with a CPU quota of `cpu_count` CPUs, a task limit, and
+//!   the memory limit (gVisor reports it as `MemTotal`), which the driver then raises by a
+//!   quarter for gVisor's own memory: the agent's OOM guard keeps the sandbox's programs within
+//!   the size. runsc creates and removes them.
 //!
 //! - **Checkpoints: `runsc checkpoint --leave-running`** into `images/{name}`, written under a
 //!   temporary name and renamed, so an image is either whole or absent. A failed checkpoint
@@ -38,19 +42,35 @@
 //! (runsc hands its own stdio to the container), so the agent should close them once it runs.
 
 mod cgroup;
+mod disk;
+mod dns;
+mod domain_proxy;
+mod firewall;
+mod host_cmd;
 mod net;
 mod oci;
 mod runsc;
 
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, SlotAddrs};
+use airlock_core::egress::Egress;
 use airlock_core::ids::SandboxId;
+use firewall::{Firewall, DNS_PORT, PROXY_PORT};
 use runsc::{RunArgs, Runsc};
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub use oci::AGENT_PATH;
+
+/// The parsers that read bytes a sandbox chose on the host (DNS messages, the first bytes of a
+/// connection to the domain proxy), for the fuzz targets in `fuzz/`.
+#[doc(hidden)]
+pub mod parsers {
+    pub use crate::dns::message::{answer_addrs, error_reply, parse_query, Query};
+    pub use crate::domain_proxy::peek::{server_name, Peek};
+}
 
 /// Where the driver keeps its state, and what it runs.
 #[derive(Debug, Clone)]
@@ -63,6 +83,10 @@ pub struct GvisorConfig {
     pub agent_binary: PathBuf,
     /// The runsc binary, looked up in `PATH` unless absolute.
     pub runsc: PathBuf,
+    /// Debugging only: install no host firewall (see [`firewall`]), so sandboxes reach the host,
+    /// each other and private ranges. The escape suite uses it to show that its network probes
+    /// detect a leak.
+    pub open_network: bool,
 }
 
 impl GvisorConfig {
@@ -71,6 +95,7 @@ impl GvisorConfig {
             state_dir: state_dir.into(),
             agent_binary: agent_binary.into(),
             runsc: PathBuf::from("runsc"),
+            open_network: false,
         }
     }
 }
@@ -87,10 +112,13 @@ pub struct GvisorDriver {
     images: PathBuf,
     agent_binary: String,
     fingerprint: String,
+    firewall: Arc<Firewall>,
 }
 
 /// How long a checkpoint waits for the host's connections into the sandbox to close.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The least memory the host allows a sandbox beyond its size, for gVisor itself.
+const HOST_MEMORY_HEADROOM_MB: u64 = 64;
 /// Free disk space a checkpoint leaves at least, beyond the image's estimated size.
 const CHECKPOINT_HEADROOM: u64 = 64 << 20;
 
@@ -147,7 +175,26 @@ impl GvisorDriver {
         utf8("state dir", &state_dir)?;
         let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_lock = take_host_lock()?;
-        net::guard_host()?;
+        let firewall = Arc::new(if config.open_network {
+            Firewall::open()?
+        } else {
+            Firewall::install()?
+        });
+        let dns_socket = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, DNS_PORT))
+            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            .and_then(tokio::net::UdpSocket::from_std)
+            .map_err(DriverError::io(format!(
+                "listening for sandbox DNS on UDP port {DNS_PORT}"
+            )))?;
+        tokio::spawn(dns::serve(dns_socket, firewall.clone()));
+        let proxy_listener =
+            std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, PROXY_PORT))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .and_then(tokio::net::TcpListener::from_std)
+                .map_err(DriverError::io(format!(
+                    "listening for sandbox connections on TCP port {PROXY_PORT}"
+                )))?;
+        tokio::spawn(domain_proxy::serve(proxy_listener, firewall.clone()));
         Ok(GvisorDriver {
             _host_lock: host_lock,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
@@ -155,6 +202,7 @@ impl GvisorDriver {
             images: state_dir.join("images"),
             agent_binary: utf8("agent binary", &agent)?.to_owned(),
             fingerprint,
+            firewall,
         })
     }
 
@@ -176,15 +224,17 @@ impl GvisorDriver {
     /// sandbox is charged for plus its overlay's writes.
     fn check_space_for(&self, id: &str) -> Result<(), DriverError> {
         let overlay = self.bundle_dir(id).join("overlay");
-        let writes: u64 = std::fs::read_dir(&overlay)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-                    .sum()
-            })
-            .unwrap_or(0);
+        let writes = disk::used(&overlay).unwrap_or_else(|| {
+            std::fs::read_dir(&overlay)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter_map(|e| e.metadata().ok())
+                        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                        .sum()
+                })
+                .unwrap_or(0)
+        });
         let needed = cgroup::memory_usage(id).unwrap_or(0) + writes + CHECKPOINT_HEADROOM;
         let stat = nix::sys::statvfs::statvfs(&self.images)
             .map_err(|e| DriverError::io("checking free disk space")(e.into()))?;
@@ -207,6 +257,7 @@ impl GvisorDriver {
     ) -> Result<(), DriverError> {
         let id = spec.id.as_str();
         net::setup(id, spec.slot).await?;
+        self.firewall.apply(spec.slot, &spec.egress).await?;
 
         let bundle = self.bundle_dir(id);
         let overlay_dir = bundle.join("overlay");
@@ -218,6 +269,14 @@ impl GvisorDriver {
                 "creating {}",
                 overlay_dir.display()
             )))?;
+        if spec.resources.disk_mb > 0 {
+            disk::mount_limited(
+                &bundle.join("disk.img"),
+                &overlay_dir,
+                spec.resources.disk_mb,
+            )
+            .await?;
+        }
 
         let hosts = bundle.join("hosts");
         write(
@@ -232,8 +291,8 @@ impl GvisorDriver {
             netns: utf8("netns path", &netns)?,
             hosts_file: utf8("hosts file", &hosts)?,
             cgroups_path: &cgroup::path_for(id),
-            cpu_count: spec.cpu_count,
-            memory_mb: spec.memory_mb,
+            cpu_count: spec.resources.cpu_count,
+            memory_mb: spec.resources.memory_mb,
         });
         write(&bundle.join("config.json"), config.to_string())?;
 
@@ -245,7 +304,16 @@ impl GvisorDriver {
                 log: &bundle.join("launch.log"),
                 image,
             })
-            .await
+            .await?;
+        // The sandbox's size is what its programs get (gVisor reports it as `MemTotal`, and the
+        // agent's OOM guard keeps them within it); the host adds room for gVisor's own memory, so
+        // that it is the guard, not the host's OOM killer, that acts.
+        let memory_mb = u64::from(spec.resources.memory_mb);
+        if memory_mb > 0 {
+            let headroom = (memory_mb / 4).max(HOST_MEMORY_HEADROOM_MB);
+            cgroup::set_memory_limit(id, (memory_mb + headroom) << 20)?;
+        }
+        Ok(())
     }
 
     /// Removes everything that belongs to `id`: the container (processes, gofer mounts,
@@ -255,15 +323,17 @@ impl GvisorDriver {
     /// No `runsc kill` first: `delete --force` SIGKILLs the sandbox process itself.
     async fn teardown(&self, id: &str, slot: Option<u32>) -> Result<(), DriverError> {
         let mut result = self.runsc.delete(id).await;
+        let bundle = self.bundle_dir(id);
+        result = result.and(disk::unmount(&bundle.join("overlay")));
         // The link before the netns: deleting it removes both veth ends at once, whereas a
         // deleted netns lets go of its devices asynchronously, and a launch reusing the slot
         // right away would still find `alv{slot}`.
         if let Some(slot) = slot {
             result = result.and(net::delete_link(slot).await);
+            result = result.and(self.firewall.clear(slot).await);
         }
         result = result.and(net::delete_netns(id).await);
         result = result.and(cgroup::remove(id));
-        let bundle = self.bundle_dir(id);
         match std::fs::remove_dir_all(&bundle) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 result = result.and(Err(DriverError::io(format!(
@@ -347,6 +417,10 @@ impl Driver for GvisorDriver {
             });
         }
         self.start(spec, Some(&dir)).await
+    }
+
+    async fn set_egress(&self, slot: u32, egress: &Egress) -> Result<(), DriverError> {
+        self.firewall.apply(slot, egress).await
     }
 
     async fn checkpoint(&self, id: &SandboxId, slot: u32, image: &str) -> Result<(), DriverError> {

@@ -6,22 +6,18 @@
 //! `ip netns exec`: it remounts `/sys`, after which runsc cannot find its cgroups. Setup is two
 //! `ip -batch` calls (host side, then inside the netns with `ip -n`) to keep spawns few.
 //!
-//! A sandbox may not open connections to the host: [`guard_host`] drops every new connection
-//! that arrives on an `alv*` link, so the host's own services (bound to 0.0.0.0 or not) stay out
-//! of reach while the server's connections into sandboxes, and their replies, pass. There is no
-//! NAT yet, so nothing beyond the host is reachable either; egress policy is a later layer.
+//! What may cross these links is [`crate::firewall`]'s business.
 
+use crate::host_cmd;
 use airlock_core::driver::{DriverError, SlotAddrs};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 const NETNS_DIR: &str = "/run/netns";
 const NETNS_PREFIX: &str = "al-";
-const LINK_PREFIX: &str = "alv";
+pub(crate) const LINK_PREFIX: &str = "alv";
 const SYS_NET: &str = "/sys/class/net";
 
 pub(crate) fn netns_name(id: &str) -> String {
@@ -187,51 +183,10 @@ fn open_connections(table: &str, peer: Ipv4Addr) -> usize {
         .count()
 }
 
-/// The firewall rule that keeps sandboxes off the host: new connections in from any sandbox
-/// link are dropped (replies to connections the host opened are `ESTABLISHED`, not `NEW`).
-const GUARD_RULE: &[&str] = &[
-    "INPUT",
-    "-i",
-    "alv+",
-    "-m",
-    "conntrack",
-    "--ctstate",
-    "NEW",
-    "-j",
-    "DROP",
-];
-
-/// Installs [`GUARD_RULE`] for IPv4 and IPv6 (link-local addresses exist on every veth), once.
-pub(crate) fn guard_host() -> Result<(), DriverError> {
-    for tool in ["iptables", "ip6tables"] {
-        let present = std::process::Command::new(tool)
-            .arg("-C")
-            .args(GUARD_RULE)
-            .stderr(Stdio::null())
-            .status()
-            .map_err(DriverError::io(format!("starting {tool}")))?
-            .success();
-        if present {
-            continue;
-        }
-        let out = std::process::Command::new(tool)
-            .args(["-I", GUARD_RULE[0], "1"])
-            .args(&GUARD_RULE[1..])
-            .output()
-            .map_err(DriverError::io(format!("starting {tool}")))?;
-        check(tool, GUARD_RULE.join(" "), &out)?;
-    }
-    Ok(())
-}
-
 async fn ip(args: &[&str]) -> Result<(), DriverError> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(DriverError::io("starting ip"))?;
-    check("ip", args.join(" "), &out)
+    let mut cmd = Command::new("ip");
+    cmd.args(args);
+    host_cmd::run(&format!("ip ({})", args.join(" ")), cmd, None).await
 }
 
 async fn ip_batch(netns: Option<&str>, script: &str) -> Result<(), DriverError> {
@@ -239,39 +194,9 @@ async fn ip_batch(netns: Option<&str>, script: &str) -> Result<(), DriverError> 
     if let Some(ns) = netns {
         cmd.args(["-n", ns]);
     }
-    let mut child = cmd
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(DriverError::io("starting ip -batch"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .await
-            .map_err(DriverError::io("writing to ip -batch"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(DriverError::io("waiting for ip -batch"))?;
-    check("ip -batch", script.trim().replace('\n', "; "), &out)
-}
-
-fn check(what: &str, args: String, out: &std::process::Output) -> Result<(), DriverError> {
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(DriverError::Command {
-        what: format!("{what} ({args})"),
-        detail: format!(
-            "{}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-    })
+    cmd.args(["-batch", "-"]);
+    let what = format!("ip -batch ({})", script.trim().replace('\n', "; "));
+    host_cmd::run(&what, cmd, Some(script)).await
 }
 
 #[cfg(test)]

@@ -32,6 +32,13 @@ const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 /// Enough open files for Jupyter kernels and their ZeroMQ sockets.
 const NOFILE: u64 = 65536;
 
+/// The most host tasks (threads) one sandbox may have. Under systrap each sandbox process costs
+/// about two (measured: 300 `sleep`s took 637), and the sentry a few dozen. The agent caps
+/// processes per user well below this (see [`airlock_wire::MAX_PROCESSES`]), so a fork bomb
+/// fails inside the sandbox; this only keeps a sandbox that got past that from exhausting the
+/// host's process table, at the price of that sandbox.
+const HOST_TASKS: u64 = 5 * airlock_wire::MAX_PROCESSES + 256;
+
 /// Paths are `&str` because JSON needs UTF-8; the driver checks that once, up front.
 pub(crate) struct SpecParams<'a> {
     pub id: &'a str,
@@ -56,6 +63,7 @@ pub(crate) fn spec(p: &SpecParams<'_>) -> Value {
             json!({ "limit": u64::from(p.memory_mb) * 1024 * 1024 }),
         );
     }
+    resources.insert("pids".into(), json!({ "limit": HOST_TASKS }));
     if p.cpu_count > 0 {
         let period: u64 = 100_000;
         resources.insert(
@@ -186,6 +194,7 @@ mod tests {
         assert_eq!(s["process"]["args"], json!([AGENT_PATH]));
         assert_eq!(s["linux"]["resources"]["memory"]["limit"], 512u64 << 20);
         assert_eq!(s["linux"]["resources"]["cpu"]["quota"], 200_000);
+        assert_eq!(s["linux"]["resources"]["pids"]["limit"], HOST_TASKS);
     }
 
     #[test]
@@ -195,7 +204,10 @@ mod tests {
             memory_mb: 0,
             ..params()
         });
-        assert_eq!(s["linux"]["resources"], json!({}));
+        assert_eq!(
+            s["linux"]["resources"],
+            json!({ "pids": { "limit": HOST_TASKS } })
+        );
     }
 
     #[test]

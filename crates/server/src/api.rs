@@ -2,11 +2,12 @@
 
 use crate::error::{ApiError, JsonBody};
 use crate::AppState;
+use airlock_core::egress::Egress;
 use airlock_core::lifecycle::{CreateParams, LifecycleError};
 use airlock_core::store::{SandboxRecord, SandboxState as StoredState, SnapshotRecord};
 use airlock_wire::api::{
-    ErrorBody, ForkRequest, ForkResult, NewSandbox, Sandbox, SandboxDetail, SandboxLifecycle,
-    SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
+    ErrorBody, ForkRequest, ForkResult, NetworkConfig, NetworkUpdate, NewSandbox, Sandbox,
+    SandboxDetail, SandboxLifecycle, SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
 };
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Extension, FromRequestParts, Path, Query, Request, State};
@@ -14,7 +15,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +35,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/v2/sandboxes", post(create_v2).get(list_v2))
         .route("/sandboxes/{id}", get(detail).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/network", put(set_network))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/pause", post(pause))
@@ -123,7 +125,7 @@ async fn require_api_key(State(state): State<AppState>, mut req: Request, next: 
     }
 }
 
-fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError> {
     let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
     if map.len() > MAX_MAP_ENTRIES || bytes > MAX_MAP_BYTES {
         return Err(ApiError::bad_request(format!(
@@ -156,6 +158,10 @@ async fn create(
     // The SDK may send an alias like `team/name:tag`; templates here are plain names.
     let template = body.template_id.rsplit('/').next().unwrap_or_default();
     let template = template.split(':').next().unwrap_or_default().to_owned();
+    let egress = egress(
+        body.allow_internet_access,
+        &body.network.unwrap_or_default(),
+    )?;
     let sandbox = state
         .lifecycle
         .create(CreateParams {
@@ -167,6 +173,10 @@ async fn create(
             pause_on_timeout: body.auto_pause.unwrap_or(false),
             auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
             owner: Some(caller.0),
+            cpu_count: body.cpu_count,
+            memory_mb: body.memory_mb,
+            disk_mb: body.disk_size_mb,
+            egress,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
@@ -217,9 +227,9 @@ fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
         started_at: rfc3339(r.started_at),
         end_at: rfc3339(r.end_at),
         envd_version: ENVD_VERSION.into(),
-        cpu_count: r.cpu_count,
-        memory_mb: r.memory_mb,
-        disk_size_mb: r.disk_mb,
+        cpu_count: r.resources.cpu_count,
+        memory_mb: r.resources.memory_mb,
+        disk_size_mb: r.resources.disk_mb,
         state: match r.state {
             StoredState::Running => SandboxState::Running,
             StoredState::Paused => SandboxState::Paused,
@@ -246,6 +256,28 @@ async fn kill(
     Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
     state.lifecycle.kill(&id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The outbound policy that a create's or an update's network settings ask for.
+fn egress(allow_internet_access: Option<bool>, rules: &NetworkConfig) -> Result<Egress, ApiError> {
+    Egress::from_request(
+        allow_internet_access,
+        rules.allow_out.as_deref().unwrap_or_default(),
+        rules.deny_out.as_deref().unwrap_or_default(),
+    )
+    .map_err(ApiError::bad_request)
+}
+
+/// E2B's `update_network`: replaces the sandbox's outbound rules, at once if it runs, at its
+/// resume if it is paused.
+async fn set_network(
+    State(state): State<AppState>,
+    Owned { id, .. }: Owned,
+    JsonBody(body): JsonBody<NetworkUpdate>,
+) -> Result<StatusCode, ApiError> {
+    let egress = egress(body.allow_internet_access, &body.rules)?;
+    state.lifecycle.set_egress(&id, egress).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -391,7 +423,7 @@ async fn fork(
 }
 
 /// `metadata` as the SDK sends it: quoted three times (protocol doc §2.2).
-fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError> {
+pub fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError> {
     let once = percent_decode(raw)?;
     let mut out = BTreeMap::new();
     for pair in once.split('&').filter(|p| !p.is_empty()) {

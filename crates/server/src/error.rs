@@ -36,9 +36,9 @@ impl From<LifecycleError> for ApiError {
                 StatusCode::NOT_FOUND
             }
             LifecycleError::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
-            LifecycleError::TimeoutTooLong { .. } | LifecycleError::BadSnapshotName(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            LifecycleError::TimeoutTooLong { .. }
+            | LifecycleError::BadSnapshotName(_)
+            | LifecycleError::BadRequest(_) => StatusCode::BAD_REQUEST,
             LifecycleError::AlreadyPaused(_)
             | LifecycleError::AlreadyRunning(_)
             | LifecycleError::Busy(_) => StatusCode::CONFLICT,

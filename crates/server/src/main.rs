@@ -1,29 +1,13 @@
 //! `airlock`: the Airlock server and its command-line client.
 
-mod agent_client;
-mod api;
-mod cli;
-mod error;
-mod proxy;
-mod serve;
-
-use airlock_core::lifecycle::{Lifecycle, Limits};
-use airlock_core::store::Store;
+use airlock_core::driver::Resources;
+use airlock_core::lifecycle::Limits;
+use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// Shared by every request handler.
-pub struct AppStateInner {
-    pub lifecycle: Arc<Lifecycle>,
-    pub store: Arc<Store>,
-    pub http: proxy::HttpClient,
-}
-
-pub type AppState = Arc<AppStateInner>;
 
 #[derive(Parser)]
 #[command(
@@ -82,6 +66,21 @@ enum Command {
         /// create then boots a sandbox.
         #[arg(long, default_value_t = 2, env = "AIRLOCK_POOL_SIZE")]
         pool_size: usize,
+        /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).
+        #[arg(long, default_value_t = 8)]
+        max_cpu_count: u32,
+        /// Most memory, in MiB, one sandbox may ask for (`memoryMB`; default 1024).
+        #[arg(long, default_value_t = 8192)]
+        max_memory_mb: u32,
+        /// Most disk, in MiB, one sandbox may ask for (`diskSizeMB`; default 5120).
+        #[arg(long, default_value_t = 20480)]
+        max_disk_mb: u32,
+        /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
+        /// this host (the control API included), one another and private ranges, and network
+        /// rules are ignored. The escape tests use it to prove their network probes can see a
+        /// leak.
+        #[arg(long)]
+        insecure_open_network: bool,
     },
     /// List, kill and run commands in sandboxes.
     #[command(subcommand)]
@@ -140,14 +139,24 @@ async fn run(cli: Cli) -> ExitCode {
             max_sandboxes,
             default_timeout,
             pool_size,
+            max_cpu_count,
+            max_memory_mb,
+            max_disk_mb,
+            insecure_open_network,
         } => serve::serve(serve::ServeOptions {
             listen,
             data_dir: cli.data_dir.clone(),
             agent_binary: agent_bin,
+            insecure_open_network,
             limits: Limits {
                 max_sandboxes,
                 default_timeout: Duration::from_secs(default_timeout),
                 pool_size,
+                max_resources: Resources {
+                    cpu_count: max_cpu_count,
+                    memory_mb: max_memory_mb,
+                    disk_mb: max_disk_mb,
+                },
                 ..Limits::default()
             },
         })

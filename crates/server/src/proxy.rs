@@ -45,7 +45,7 @@ pub fn http_client() -> HttpClient {
 
 /// Which sandbox and port a request is for, if it is sandbox traffic at all.
 #[derive(Debug, PartialEq, Eq)]
-enum Target {
+pub enum Target {
     Sandbox {
         id: String,
         port: u16,
@@ -54,7 +54,7 @@ enum Target {
     SignedFiles,
 }
 
-fn classify(headers: &HeaderMap, uri: &Uri) -> Option<Target> {
+pub fn classify(headers: &HeaderMap, uri: &Uri) -> Option<Target> {
     if let Some(id) = headers.get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
         let port = headers
             .get(SANDBOX_PORT_HEADER)
@@ -180,7 +180,7 @@ pub fn sign(
     )
 }
 
-fn url_pairs(query: &str) -> Vec<(String, String)> {
+pub fn url_pairs(query: &str) -> Vec<(String, String)> {
     query
         .split('&')
         .filter_map(|kv| {
@@ -191,7 +191,7 @@ fn url_pairs(query: &str) -> Vec<(String, String)> {
 }
 
 /// Decodes `%XX` escapes and `+` (query-string form); `None` if malformed or not UTF-8.
-pub(crate) fn percent_decode(s: &str) -> Option<String> {
+pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -199,6 +199,10 @@ pub(crate) fn percent_decode(s: &str) -> Option<String> {
         match bytes[i] {
             b'%' => {
                 let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                // Two hex digits: `from_str_radix` alone also takes a sign (`%+a`).
+                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
                 out.push(u8::from_str_radix(hex, 16).ok()?);
                 i += 3;
             }
@@ -364,5 +368,8 @@ mod tests {
                 ("x".to_string(), "a b".to_string())
             ]
         );
+        // Found by fuzzing (fuzz/corpus/rest_request/regress_percent_sign): a signed escape.
+        assert_eq!(percent_decode("%+a"), None);
+        assert_eq!(percent_decode("%2B%2b"), Some("++".to_string()));
     }
 }

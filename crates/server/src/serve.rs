@@ -23,6 +23,8 @@ pub struct ServeOptions {
     pub data_dir: PathBuf,
     pub agent_binary: Option<PathBuf>,
     pub limits: Limits,
+    /// Debugging only: no host firewall (see `airlock serve --help`).
+    pub insecure_open_network: bool,
 }
 
 /// The data dir's layout.
@@ -138,6 +140,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             state_dir: data.gvisor(),
             agent_binary,
             runsc: PathBuf::from("runsc"),
+            open_network: opts.insecure_open_network,
         })
         .context("setting up the gVisor driver")?,
     );

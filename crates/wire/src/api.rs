@@ -28,6 +28,37 @@ pub struct NewSandbox {
     pub auto_resume: Option<AutoResume>,
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    #[serde(default)]
+    pub network: Option<NetworkConfig>,
+    /// Airlock's own: the sandbox's size, each within the server's maximum. E2B takes these
+    /// from the template; the server's defaults apply when absent.
+    #[serde(default)]
+    pub cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB")]
+    pub memory_mb: Option<u32>,
+    #[serde(default, rename = "diskSizeMB")]
+    pub disk_size_mb: Option<u32>,
+}
+
+/// `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`): replaces every rule;
+/// what is left out is cleared.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NetworkUpdate {
+    #[serde(flatten)]
+    pub rules: NetworkConfig,
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// `NewSandbox.network` (E2B's `SandboxNetworkConfig`): outbound allow and deny lists.
+/// `allowOut` takes addresses, CIDR blocks and domains; `denyOut` addresses and CIDR blocks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -181,6 +212,15 @@ mod tests {
         assert_eq!(v2.timeout, Some(120));
         assert_eq!(v2.env_vars.unwrap()["FOO"], "bar");
         assert_eq!(v2.allow_internet_access, Some(false));
+        let network = v2.network.unwrap();
+        assert_eq!(network.allow_out.unwrap(), ["example.com"]);
+        assert_eq!(network.deny_out, None);
+        let update: NetworkUpdate = serde_json::from_value(json!({
+            "allowOut": ["1.1.1.1"], "denyOut": ["0.0.0.0/0"], "allow_internet_access": true, "rules": {}
+        }))
+        .unwrap();
+        assert_eq!(update.rules.deny_out.unwrap(), ["0.0.0.0/0"]);
+        assert_eq!(update.allow_internet_access, Some(true));
         assert!(serde_json::from_value::<NewSandbox>(json!({"timeout": 1})).is_err());
     }
 

@@ -18,6 +18,10 @@ pub const ENVD_PORT: u16 = 49983;
 /// Port of the code interpreter (E2B's Jupyter server) inside a sandbox.
 pub const CODE_INTERPRETER_PORT: u16 = 49999;
 
+/// Most processes one user may have in a sandbox (the agent sets `RLIMIT_NPROC` on everything
+/// it starts); the host's task limit per sandbox is set well above what that allows.
+pub const MAX_PROCESSES: u64 = 1024;
+
 /// Header that routes a request to a sandbox in single-host mode.
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 /// Header naming the sandbox port a routed request is for.

@@ -393,6 +393,7 @@ impl Kernel {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        crate::rlimits::cap_processes(&mut cmd);
         let mut child = tokio::process::Command::from(cmd)
             .spawn()
             .map_err(|source| KernelError::Spawn {
@@ -406,6 +407,7 @@ impl Kernel {
             status: "already reaped".into(),
             stderr: String::new(),
         })? as i32;
+        crate::reaper::track(pid as u32);
         let group = GroupGuard(pid);
 
         let stderr_tail = Arc::new(Mutex::new(Vec::<u8>::new()));

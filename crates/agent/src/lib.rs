@@ -1,0 +1,20 @@
+//! The agent's modules as a library: `main.rs` is the daemon built from them, and the fuzz
+//! targets under `fuzz/` drive the same code (the `/files` upload parser, the Connect request
+//! reader) without a sandbox.
+
+// The module docs were written for the binary, whose docs include private items.
+#![allow(rustdoc::private_intra_doc_links)]
+
+pub mod auth;
+pub mod caps;
+pub mod files;
+pub mod fs;
+pub mod interpreter;
+pub mod oom;
+pub mod process;
+pub mod reaper;
+pub mod rlimits;
+pub mod rpc;
+pub mod state;
+pub mod users;
+pub mod watch;

@@ -1,0 +1,22 @@
+//! The server's modules as a library: `main.rs` is the `airlock` binary built from them, and the
+//! fuzz targets under `fuzz/` drive the same request parsing and validation.
+
+pub mod agent_client;
+pub mod api;
+pub mod cli;
+pub mod error;
+pub mod proxy;
+pub mod serve;
+
+use airlock_core::lifecycle::Lifecycle;
+use airlock_core::store::Store;
+use std::sync::Arc;
+
+/// Shared by every request handler.
+pub struct AppStateInner {
+    pub lifecycle: Arc<Lifecycle>,
+    pub store: Arc<Store>,
+    pub http: proxy::HttpClient,
+}
+
+pub type AppState = Arc<AppStateInner>;

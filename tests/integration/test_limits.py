@@ -1,0 +1,99 @@
+"""Per-sandbox limits under hostile load: a memory bomb, a disk fill, a fork bomb and a 1 GB
+stdout flood each stay inside their sandbox, while a neighbour and the server keep answering.
+Sizes come from the create body (`cpuCount`, `memoryMB`, `diskSizeMB`, Airlock's extension)."""
+
+import os
+import time
+import urllib.request
+
+import pytest
+from e2b import CommandExitException
+
+
+def server_rss_mib(server):
+    status = open(f"/proc/{server.proc.pid}/status").read()
+    return int(next(l for l in status.splitlines() if l.startswith("VmRSS")).split()[1]) // 1024
+
+
+def assert_responsive(server, neighbour):
+    with urllib.request.urlopen(server.url + "/health", timeout=30) as r:
+        assert r.status == 200
+    assert neighbour.commands.run("echo ok", timeout=60).stdout == "ok\n"
+
+
+def test_sizes_are_applied_and_reported(server, sandbox_factory):
+    sbx = sandbox_factory(cpuCount=1, memoryMB=512, diskSizeMB=1024)
+    info = sbx.get_info()
+    assert (info.cpu_count, info.memory_mb) == (1, 512)
+    mem_total_kb = int(sbx.commands.run("awk '/MemTotal/ {print $2}' /proc/meminfo").stdout)
+    assert mem_total_kb == 512 * 1024
+    status, detail = server.api("GET", f"/sandboxes/{sbx.sandbox_id}")
+    assert detail["diskSizeMB"] == 1024
+
+
+def test_memory_bomb_kills_only_the_offender(server, sandbox_factory, sandbox):
+    sbx = sandbox_factory(memoryMB=256)
+    with pytest.raises(CommandExitException) as bomb:
+        sbx.commands.run("python3 -c 'x = bytearray(600 << 20)'", timeout=120)
+    # SIGKILL, as from Linux's OOM killer: envd reports a signal death as exit code -1.
+    assert (bomb.value.exit_code, bomb.value.error) == (-1, "signal: killed")
+    # The sandbox itself lives on, with its files and its memory back.
+    sbx.files.write("/home/user/after.txt", "still here")
+    assert sbx.commands.run("python3 -c 'x = bytearray(100 << 20); print(len(x))'").stdout == f"{100 << 20}\n"
+    assert sbx.files.read("/home/user/after.txt") == "still here"
+    assert_responsive(server, sandbox)
+
+
+def test_disk_fill_is_enospc_inside_only(server, sandbox_factory, sandbox):
+    sbx = sandbox_factory(diskSizeMB=128)
+    fill = sbx.commands.run("dd if=/dev/zero of=/home/user/fill bs=1M count=300; echo rc=$?", timeout=120)
+    assert "No space left on device" in fill.stdout + fill.stderr
+    written = int(sbx.commands.run("stat -c %s /home/user/fill").stdout)
+    assert 64 << 20 < written < 128 << 20
+    # Deleting gives the space back.
+    sbx.commands.run("rm /home/user/fill && dd if=/dev/zero of=/home/user/again bs=1M count=64", timeout=120)
+    assert_responsive(server, sandbox)
+
+
+def test_fork_bomb_stays_in_its_sandbox(server, sandbox_factory):
+    bomber, neighbour = sandbox_factory(), sandbox_factory()
+    assert bomber.commands.run("ulimit -u").stdout == "1024\n", "processes per user are capped"
+    bomber.commands.run("b() { b | b & }; b", background=True, timeout=0)
+    time.sleep(5)
+    for _ in range(3):
+        assert_responsive(server, neighbour)
+    # The bomb is the bomber's own problem: killing the sandbox ends it and leaves nothing behind.
+    bomber.kill()
+    pids = f"/sys/fs/cgroup/pids/airlock/{bomber.sandbox_id}"
+    deadline = time.time() + 30
+    while os.path.exists(pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(pids)
+    assert_responsive(server, neighbour)
+
+
+def test_orphans_are_reaped(sandbox):
+    # Twenty orphans: their parent subshells exit at once, so they become the agent's children.
+    sandbox.commands.run("for i in $(seq 20); do (sleep 0.1 &); done")
+    deadline = time.time() + 30
+    zombies = None
+    while time.time() < deadline:
+        zombies = sandbox.commands.run("ps -eo stat= | grep -c '^Z' || true").stdout.strip()
+        if zombies == "0":
+            break
+        time.sleep(0.5)
+    assert zombies == "0"
+
+
+def test_stdout_flood_does_not_grow_the_server(server, sandbox):
+    before = server_rss_mib(server)
+    seen = [0]
+
+    def count(chunk):
+        seen[0] += len(chunk)
+
+    handle = sandbox.commands.run("head -c 1000000000 /dev/zero | tr '\\0' x", background=True, timeout=0)
+    result = handle.wait(on_stdout=count)
+    assert result.exit_code == 0
+    assert seen[0] == 1_000_000_000
+    assert server_rss_mib(server) < before + 64, "output streams through; nothing piles up"

@@ -1,0 +1,185 @@
+"""Outbound network policy, enforced on the host: internet by default, never private ranges;
+`allow_internet_access=False`; `allowOut` domains matched by DNS answers, TLS SNI and HTTP Host on
+any port; `allowOut`/`denyOut` networks; and clear errors for rules that make no sense.
+
+The public target is pypi.org, which every machine that runs this suite reaches (it installs the
+SDK from there). On ours it also serves TLS on 8443 and HTTP on 8080, which is how "any port" is
+shown; the tests skip if the host itself cannot reach those."""
+
+import json
+import socket
+import ssl
+
+import pytest
+from e2b import ALL_TRAFFIC
+
+NAME = "pypi.org"
+OTHER = "deb.debian.org"  # another registry name; on our machines it has pypi.org's address
+
+PROBES = r'''
+import json, socket, ssl
+def tls(ip, port, sni):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((ip, port), timeout=4) as s:
+            with ctx.wrap_socket(s, server_hostname=sni) as t:
+                t.sendall(b"GET / HTTP/1.1\r\nHost: " + sni.encode() + b"\r\nConnection: close\r\n\r\n")
+                return t.recv(8).decode(errors="replace")
+    except Exception as e:
+        return "blocked: " + type(e).__name__
+def raw(ip, port, data):
+    try:
+        with socket.create_connection((ip, port), timeout=4) as s:
+            s.sendall(data.encode())
+            return s.recv(8).decode(errors="replace") or "blocked: closed"
+    except Exception as e:
+        return "blocked: " + type(e).__name__
+def resolve(name):
+    try:
+        return socket.gethostbyname(name)
+    except Exception as e:
+        return "blocked: " + type(e).__name__
+'''
+
+HTTP = "HTTP/1.1"
+GARBAGE = "\x00hello\r\n\r\n"
+
+
+def http_get(host):
+    return f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+
+
+def probe(sbx, *calls):
+    """Runs the probe calls (Python expressions over PROBES) in order inside the sandbox."""
+    code = PROBES + f"print(json.dumps([{', '.join(calls)}]))"
+    result = sbx.commands.run(f"python3 - <<'EOF'\n{code}\nEOF", timeout=120)
+    return json.loads(result.stdout)
+
+
+def host_reaches(ip, port, tls_name=None):
+    try:
+        with socket.create_connection((ip, port), timeout=5) as s:
+            if tls_name:
+                ctx = ssl.create_default_context()
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+                with ctx.wrap_socket(s, server_hostname=tls_name) as t:
+                    t.sendall(http_get(tls_name).encode())
+                    return t.recv(8).decode(errors="replace") == HTTP
+            s.sendall(GARBAGE.encode())
+            return s.recv(8).decode(errors="replace") == HTTP
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def target():
+    """pypi.org's address, as the host resolves it."""
+    try:
+        ip = socket.gethostbyname(NAME)
+    except OSError:
+        pytest.skip(f"the host cannot resolve {NAME}")
+    if not host_reaches(ip, 443, NAME):
+        pytest.skip(f"the host cannot reach {NAME}:443")
+    return ip
+
+
+def test_internet_by_default_but_never_private_ranges(sandbox, target):
+    got = probe(
+        sandbox,
+        f"resolve({NAME!r})",
+        f"tls({target!r}, 443, {NAME!r})",
+        "raw('169.254.169.254', 80, 'GET / HTTP/1.0\\r\\n\\r\\n')",
+        "raw('10.0.0.1', 80, 'x')",
+        "raw('192.168.0.1', 80, 'x')",
+    )
+    assert got[0] == target, "DNS works through the host's forwarder"
+    assert got[1] == HTTP, "the internet is reachable (the control for the probes below)"
+    assert all(r.startswith("blocked") for r in got[2:]), got
+
+
+def test_no_internet_access_blocks_everything_including_dns(sandbox_factory, target):
+    sbx = sandbox_factory(allow_internet_access=False)
+    blocked = [
+        f"resolve({NAME!r})",
+        f"tls({target!r}, 443, {NAME!r})",
+        f"raw({target!r}, 8080, {http_get(NAME)!r})",
+    ]
+    assert all(r.startswith("blocked") for r in probe(sbx, *blocked))
+    # The rule follows the sandbox through a pause, into whatever slot it resumes in.
+    assert sbx.pause() is True
+    sbx.connect()
+    assert all(r.startswith("blocked") for r in probe(sbx, *blocked))
+    assert sbx.commands.run("echo alive").stdout == "alive\n", "only the network is off"
+
+
+def test_allowed_domains_match_sni_host_and_dns_answers_on_any_port(sandbox_factory, target):
+    if not host_reaches(target, 8443, NAME) or not host_reaches(target, 8080):
+        pytest.skip(f"{NAME} serves no TLS on 8443 or HTTP on 8080 here")
+    sbx = sandbox_factory(network={"allow_out": [NAME], "deny_out": [ALL_TRAFFIC]})
+    # Before the sandbox has resolved anything: only what names an allowed domain gets through,
+    # whatever the port, even to the same address.
+    got = probe(
+        sbx,
+        f"tls({target!r}, 443, {NAME!r})",
+        f"tls({target!r}, 8443, {NAME!r})",
+        f"tls({target!r}, 443, {OTHER!r})",
+        f"raw({target!r}, 8080, {http_get(NAME)!r})",
+        f"raw({target!r}, 8080, {http_get(OTHER)!r})",
+        f"raw({target!r}, 8080, {GARBAGE!r})",
+    )
+    assert got[:2] == [HTTP, HTTP], "TLS naming an allowed domain, on 443 and 8443"
+    assert got[2].startswith("blocked"), "TLS naming another domain"
+    assert got[3] == HTTP, "HTTP naming an allowed domain, on 8080"
+    assert got[4].startswith("blocked"), "HTTP naming another domain"
+    assert got[5].startswith("blocked"), "bytes that name nothing"
+    # DNS answers only allowed names, and opens their addresses to any protocol.
+    got = probe(sbx, f"resolve({OTHER!r})", f"resolve({NAME!r})", f"raw({target!r}, 8080, {GARBAGE!r})")
+    assert got[0].startswith("blocked"), "names outside allowOut do not resolve"
+    assert got[1] == target
+    assert got[2] == HTTP, "the resolved address is open on any port, to any bytes"
+
+
+def test_allowed_and_denied_networks(sandbox_factory, target):
+    only = sandbox_factory(network={"allow_out": [f"{target}/32"], "deny_out": [ALL_TRAFFIC]})
+    got = probe(only, f"raw({target!r}, 8080, {http_get(NAME)!r})", f"resolve({NAME!r})")
+    assert got[0] == HTTP, "an allowed address needs no DNS"
+    assert got[1].startswith("blocked"), "with everything denied, DNS answers allowed domains only"
+
+    subnet = target.rsplit(".", 1)[0] + ".0/24"
+    denied = sandbox_factory(network={"deny_out": [subnet]})
+    got = probe(denied, f"resolve({NAME!r})", f"tls({target!r}, 443, {NAME!r})")
+    assert got[0] == target, "names still resolve"
+    assert got[1].startswith("blocked"), f"{subnet} is denied"
+
+
+def test_rules_can_be_replaced_while_the_sandbox_runs(server, sandbox, target):
+    reach = f"tls({target!r}, 443, {NAME!r})"
+    assert probe(sandbox, reach) == [HTTP]
+    sandbox.update_network({"deny_out": [ALL_TRAFFIC]})
+    assert probe(sandbox, reach)[0].startswith("blocked")
+    sandbox.update_network({})  # what is left out is cleared
+    assert probe(sandbox, reach) == [HTTP]
+
+    status, body = server.api("PUT", f"/sandboxes/{sandbox.sandbox_id}/network", {"denyOut": ["pypi.org"]})
+    assert status == 400 and "domains can only be allowed" in body["message"]
+    status, _ = server.api("PUT", "/sandboxes/nosuchsandbox/network", {})
+    assert status == 404
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"network": {"denyOut": ["example.com"]}}, "domains can only be allowed"),
+        ({"network": {"allowOut": ["::/0"]}}, "IPv6"),
+        ({"network": {"allowOut": ["10.0.0.0/40"]}}, "not a valid IPv4"),
+        ({"network": {"allowOut": ["not a name"]}}, "not a domain name"),
+        ({"cpuCount": 0}, "cpuCount must be between 1 and"),
+        ({"memoryMB": 1}, "memoryMB must be between"),
+        ({"diskSizeMB": 10**9}, "diskSizeMB must be between"),
+    ],
+)
+def test_bad_rules_and_sizes_are_refused_clearly(server, extra, words):
+    status, body = server.api("POST", "/v2/sandboxes", {"templateID": "base", **extra})
+    assert status == 400, body
+    assert words in body["message"] and body["code"] == 400
