@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite, one command: installs what is missing, builds, runs the Rust unit tests,
-# builds the `base` and `code-interpreter-v1` templates (cached by content hash), then runs the
+# builds the `base` and `code-interpreter-v1` templates (cached by content hash), runs a short,
+# bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
 # and e2b-code-interpreter SDKs from PyPI.
 #

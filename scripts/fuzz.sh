@@ -2,8 +2,8 @@
 # Fuzzes Airlock's parsers with cargo fuzz (libFuzzer), a bounded run by default, as ./test.sh
 # does:
 #   connect_envelope  the Connect envelope decoder and the agent's streaming-request reader
-#   rest_request      the server's REST bodies, list query / metadata filter, percent-decoding,
-#                     and the proxy's routing of a request to a sandbox
+#   rest_request      the server's REST bodies (with create's map and network checks), the list
+#                     query and metadata filter, percent-decoding, and the proxy's routing
 #   files_multipart   the agent's POST /files upload (multipart, octet-stream, gzip, paths)
 # Targets are in fuzz/fuzz_targets/ (each file says what it checks), seeds in fuzz/corpus/<target>/.
 #
@@ -39,7 +39,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS=(connect_envelope rest_request files_multipart)
+ALL_TARGETS=(connect_envelope rest_request files_multipart host_parsers)
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do
@@ -77,7 +77,10 @@ build_start=$(date +%s)
 "${build[@]}"
 echo "    built in $(($(date +%s) - build_start)) s"
 
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/airlock-fuzz.XXXXXX")
+# The corpus a run grows: thousands of small files, cheapest on tmpfs.
+scratch_base=/dev/shm
+[[ -d $scratch_base && -w $scratch_base ]] || scratch_base=${TMPDIR:-/tmp}
+scratch=$(mktemp -d "$scratch_base/airlock-fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
 flags=(-print_final_stats=1 -timeout=30 -rss_limit_mb=2048)

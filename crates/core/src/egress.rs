@@ -94,14 +94,17 @@ pub struct DomainPattern(String);
 
 impl DomainPattern {
     pub fn matches(&self, name: &str) -> bool {
-        let name = name.trim_end_matches('.');
+        // Bytes, not chars: a name from a sandbox may hold anything, and a byte slice cannot
+        // split a character.
+        let name = name.trim_end_matches('.').as_bytes();
         match self.0.strip_prefix("*.") {
             Some(parent) => {
+                let parent = parent.as_bytes();
                 name.len() > parent.len() + 1
                     && name[name.len() - parent.len()..].eq_ignore_ascii_case(parent)
-                    && name.as_bytes()[name.len() - parent.len() - 1] == b'.'
+                    && name[name.len() - parent.len() - 1] == b'.'
             }
-            None => name.eq_ignore_ascii_case(&self.0),
+            None => name.eq_ignore_ascii_case(self.0.as_bytes()),
         }
     }
 }
@@ -282,6 +285,7 @@ mod tests {
         let wild = DomainPattern::try_from("*.example.com".to_string()).unwrap();
         assert!(wild.matches("a.example.com") && wild.matches("a.b.Example.com"));
         assert!(!wild.matches("example.com") && !wild.matches("aexample.com"));
+        assert!(!wild.matches("ééééé.com") && !exact.matches("éxample.com"));
         for bad in [
             "localhost",
             "-a.com",

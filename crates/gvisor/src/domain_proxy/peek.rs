@@ -84,7 +84,9 @@ fn sni_in_client_hello(record: &[u8]) -> Option<String> {
 const MAX_HTTP_HEAD: usize = 16 * 1024;
 
 fn http_host(buf: &[u8]) -> Peek {
-    let Some(end) = find(buf, b"\r\n\r\n") else {
+    // Only the first MAX_HTTP_HEAD bytes count, so that reading more never changes the answer.
+    let head = &buf[..buf.len().min(MAX_HTTP_HEAD)];
+    let Some(end) = find(head, b"\r\n\r\n") else {
         return if buf.len() >= MAX_HTTP_HEAD {
             Peek::NoName
         } else {
