@@ -8,7 +8,10 @@ and pools are ready, then reports p50/p95/p99, min, max and success rate of:
     and creates restore on demand);
   * a fresh code-interpreter sandbox → its first `run_code` that uses pandas;
   * resume of a paused sandbox → its first command (`Sandbox.connect()` + `commands.run`);
+  * the same with network rules (applied to a pooled sandbox as it is handed over) and with a
+    size of its own (`memoryMB`: no pool, the golden image is restored on demand);
   * what a command costs inside gVisor (bash -l vs /bin/true), the floor under the figures above;
+  * an idle sandbox's CPU use (its cgroup's `cpuacct.usage` over 10 s);
   * idle memory: K sandboxes held at once, each one's cgroup memory and host PSS.
 
 Run it with bench/run.sh startup (which builds everything first)."""
@@ -159,6 +162,32 @@ def main():
         print(row("create → first command, back to back", timed(n, create_then_command), n))
         time.sleep(5)
 
+        def with_rules():
+            t0 = time.perf_counter()
+            sbx = Sandbox.create("base", network={"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]})
+            out = sbx.commands.run("echo ok").stdout
+            ms = (time.perf_counter() - t0) * 1000
+            sbx.kill()
+            if out != "ok\n":
+                raise RuntimeError(f"unexpected output {out!r}")
+            return ms
+
+        def with_size():
+            t0 = time.perf_counter()
+            status, body = srv.api("POST", "/v2/sandboxes", {"templateID": "base", "memoryMB": 512})
+            if status != 201:
+                raise RuntimeError(f"create failed: {status} {body}")
+            sbx = Sandbox.connect(body["sandboxID"])
+            out = sbx.commands.run("echo ok").stdout
+            ms = (time.perf_counter() - t0) * 1000
+            sbx.kill()
+            if out != "ok\n":
+                raise RuntimeError(f"unexpected output {out!r}")
+            return ms
+
+        print(row(f"  with allowOut/denyOut rules, paced", timed(n, with_rules, args.interval), n))
+        print(row(f"  with memoryMB=512 (no pool), paced", timed(n, with_size, args.interval), n))
+
         def fresh_pandas():
             t0 = time.perf_counter()
             sbx = CodeSandbox.create()
@@ -198,7 +227,16 @@ def main():
             "    return sorted(out)[10]\n"
             "print(json.dumps({'bash': t(['/bin/bash', '-l', '-c', 'echo ok >/dev/null']), 'true': t(['/bin/true'])}))\n"
             "EOF").stdout)
+        idle_cpu = Path(f"/sys/fs/cgroup/cpuacct/airlock/{probe.sandbox_id}/cpuacct.usage")
+        cpu_share = None
+        if idle_cpu.exists():
+            time.sleep(2)
+            c0, t0 = int(idle_cpu.read_text()), time.time()
+            time.sleep(10)
+            cpu_share = (int(idle_cpu.read_text()) - c0) / 1e9 / (time.time() - t0)
         probe.kill()
+        if cpu_share is not None:
+            print(f"\nan idle sandbox uses {cpu_share * 100:.1f} % of a core (cpuacct over 10 s)")
         print(f"\ninside gVisor, median of 20: `bash -l -c 'echo ok'` {inside['bash']:.1f} ms, "
               f"`/bin/true` {inside['true']:.1f} ms (what every SDK command starts with)")
 

@@ -1,6 +1,7 @@
-//! Running the host tools the driver drives (`ip`, `nft`, `mkfs.ext4`, `mount`): a failure
-//! carries what was run and the tool's own words.
+//! Running the host tools the driver drives (`ip`, `nft`, `mkfs.ext4`, `mount`), each under
+//! [`crate::seccomp`]'s filter: a failure carries what was run and the tool's own words.
 
+use crate::seccomp;
 use airlock_core::driver::DriverError;
 use std::process::{Output, Stdio};
 use tokio::io::AsyncWriteExt;
@@ -11,6 +12,11 @@ pub(crate) async fn run(
     mut cmd: tokio::process::Command,
     input: Option<&str>,
 ) -> Result<(), DriverError> {
+    let program = seccomp::program();
+    // SAFETY: `install` makes only prctl calls, on a program built before the fork.
+    unsafe {
+        cmd.pre_exec(move || seccomp::install(&program));
+    }
     let mut child = cmd
         .stdin(if input.is_some() {
             Stdio::piped()
@@ -42,6 +48,12 @@ pub(crate) fn run_sync(
     input: &str,
 ) -> Result<(), DriverError> {
     use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let program = seccomp::program();
+    // SAFETY: as in `run`.
+    unsafe {
+        cmd.pre_exec(move || seccomp::install(&program));
+    }
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

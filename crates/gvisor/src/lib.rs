@@ -50,6 +50,7 @@ mod host_cmd;
 mod net;
 mod oci;
 mod runsc;
+mod seccomp;
 
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, SlotAddrs};
 use airlock_core::egress::Egress;
