@@ -383,8 +383,22 @@ impl Lifecycle {
                     let golden = self.golden_image(&template);
                     let image = self.driver.has_image(&golden).then_some(golden);
                     let launch = (resources, params.egress.clone());
-                    self.start(&template.rootfs, image.as_deref(), launch)
-                        .await?
+                    match self
+                        .start(&template.rootfs, image.as_deref(), launch.clone())
+                        .await
+                    {
+                        // A golden image whose copies never answer (see `fill_pool`): this
+                        // create boots instead, and the image is made again.
+                        Err(LifecycleError::Agent(e)) if image.is_some() => {
+                            let image = image.unwrap_or_default();
+                            tracing::warn!(image, error = %e, "a copy of the golden image did not answer; booting instead");
+                            if let Err(e) = self.driver.delete_image(&image).await {
+                                tracing::warn!(image, error = %e, "deleting the golden image failed");
+                            }
+                            self.start(&template.rootfs, None, launch).await?
+                        }
+                        started => started?,
+                    }
                 }
             }
         } else if let Some(snapshot) = self.store.snapshot(&name)? {
