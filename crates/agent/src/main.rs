@@ -113,8 +113,14 @@ async fn serve() {
             eprintln!("airlock-agent: cannot detach stdio: {e}");
         }
     }
-    oom::spawn_guard();
-    reaper::spawn_reaper();
+    // The duties of a sandbox's first process; a development run on a host has neither.
+    if std::process::id() == 1 {
+        for (name, duty) in [("oom-guard", oom::guard as fn()), ("reaper", reaper::reap)] {
+            if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(duty) {
+                tracing::error!(thread = name, error = %e, "cannot start a thread");
+            }
+        }
+    }
     let agent = Agent::new();
     interpreter::start(agent.clone()).await;
     let app = router(agent);

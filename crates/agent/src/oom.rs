@@ -16,21 +16,9 @@ const RELAXED: Duration = Duration::from_millis(100);
 /// ... and this often above that, since an allocation loop fills memory at GB/s.
 const WATCHFUL: Duration = Duration::from_millis(10);
 
-/// Starts the guard on a thread of its own. Only for the sandbox's first process: anywhere else
-/// (a development run on a host) it would be killing the host's processes.
-pub fn spawn_guard() {
-    if std::process::id() != 1 {
-        return;
-    }
-    let started = std::thread::Builder::new()
-        .name("oom-guard".into())
-        .spawn(guard);
-    if let Err(e) = started {
-        tracing::error!(error = %e, "cannot start the OOM guard");
-    }
-}
-
-fn guard() {
+/// Watches the sandbox's memory for good; meant for a thread of its own, in the sandbox's first
+/// process only (anywhere else it would be killing the host's processes).
+pub fn guard() {
     loop {
         let Some((total, available)) = meminfo() else {
             std::thread::sleep(RELAXED);

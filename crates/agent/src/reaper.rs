@@ -25,20 +25,9 @@ fn spawned() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
     SPAWNED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Starts the reaper on a thread of its own, if the agent is the sandbox's first process.
-pub fn spawn_reaper() {
-    if std::process::id() != 1 {
-        return;
-    }
-    if let Err(e) = std::thread::Builder::new()
-        .name("reaper".into())
-        .spawn(reap)
-    {
-        tracing::error!(error = %e, "cannot start the zombie reaper");
-    }
-}
-
-fn reap() {
+/// Reaps orphans for good; meant for a thread of its own, in the sandbox's first process only
+/// (anywhere else the orphans are not its children).
+pub fn reap() {
     let mut seen_before = HashSet::new();
     loop {
         std::thread::sleep(SCAN_EVERY);

@@ -3,7 +3,7 @@
 //!
 //! - **Nothing gets in.** New connections from a sandbox link (`alv*`) to the host itself are
 //!   dropped (the control API and every other host service, on every host address), except to
-//!   the sandbox DNS forwarder's port. Nothing from outside, or from another sandbox, is
+//!   the sandbox DNS forwarder's and domain proxy's ports. Nothing from outside, or from another sandbox, is
 //!   forwarded into a sandbox; replies to its own connections are.
 //! - **No spoofing.** A packet from a sandbox link must carry that link's address
 //!   (reverse-path check), so a sandbox cannot pose as another one, to the DNS forwarder either.
@@ -63,20 +63,30 @@ const TABLE: &str = "inet airlock";
 pub(crate) struct Firewall {
     /// The policies of slots that have rules; a slot not listed is open.
     policies: Mutex<HashMap<u32, Arc<Egress>>>,
-    /// The host's own LANs, denied like the private ranges.
-    host_nets: Vec<Ipv4Net>,
+    /// What no policy can open: [`PLATFORM_DENY`] and the host's own LANs.
+    deny: Vec<Ipv4Net>,
     /// No table at all: nothing is enforced (a debugging mode, never the default).
     disabled: bool,
 }
 
 impl Firewall {
-    /// Replaces the table with a fresh one (no per-sandbox rules) and enables forwarding.
-    pub(crate) fn install() -> Result<Self, DriverError> {
-        let host_nets = host_networks()?;
+    /// Replaces the table with a fresh one (no per-sandbox rules) and makes sure the host
+    /// forwards. With `enforce` false there is no table at all: sandboxes reach the host, one
+    /// another and private ranges, and policies are ignored (for proving that escape probes
+    /// detect a leak).
+    pub(crate) fn install(enforce: bool) -> Result<Self, DriverError> {
         let forwarding_was_on = std::fs::read_to_string(IP_FORWARD)
             .map(|v| v.trim() == "1")
             .unwrap_or(false);
-        run_nft_sync(&base_ruleset(&host_nets, forwarding_was_on))?;
+        let deny = if enforce {
+            let deny = deny_set(host_networks()?);
+            run_nft_sync(&base_ruleset(&deny, forwarding_was_on))?;
+            deny
+        } else {
+            tracing::warn!("the host firewall is OFF (--insecure-open-network): sandboxes can reach this host and each other");
+            run_nft_sync(&format!("table {TABLE}\ndelete table {TABLE}\n"))?;
+            Vec::new()
+        };
         remove_legacy_guard();
         if !forwarding_was_on {
             std::fs::write(IP_FORWARD, "1")
@@ -84,23 +94,8 @@ impl Firewall {
         }
         Ok(Firewall {
             policies: Mutex::new(HashMap::new()),
-            host_nets,
-            disabled: false,
-        })
-    }
-
-    /// Removes the table and enforces nothing: sandboxes reach the host, one another and private
-    /// ranges, and policies are ignored. For proving that escape probes detect a leak.
-    pub(crate) fn open() -> Result<Self, DriverError> {
-        tracing::warn!("the host firewall is OFF (--insecure-open-network): sandboxes can reach this host and each other");
-        run_nft_sync(&format!("table {TABLE}\ndelete table {TABLE}\n"))?;
-        remove_legacy_guard();
-        std::fs::write(IP_FORWARD, "1")
-            .map_err(DriverError::io(format!("writing {IP_FORWARD}")))?;
-        Ok(Firewall {
-            policies: Mutex::new(HashMap::new()),
-            host_nets: Vec::new(),
-            disabled: true,
+            deny,
+            disabled: !enforce,
         })
     }
 
@@ -161,11 +156,7 @@ impl Firewall {
 
     /// Whether no policy can allow `ip`.
     pub(crate) fn platform_denies(&self, ip: Ipv4Addr) -> bool {
-        PLATFORM_DENY
-            .iter()
-            .map(|n| n.parse::<Ipv4Net>().expect("valid constant"))
-            .chain(self.host_nets.iter().copied())
-            .any(|n| n.contains(ip))
+        self.deny.iter().any(|n| n.contains(ip))
     }
 }
 
@@ -185,15 +176,21 @@ pub(crate) fn slot_of(ip: Ipv4Addr) -> Option<u32> {
     (slot < SlotAddrs::MAX_SLOTS && SlotAddrs::for_slot(slot).sandbox == ip).then_some(slot)
 }
 
+/// [`PLATFORM_DENY`] and the host's own networks.
+fn deny_set(host_nets: Vec<Ipv4Net>) -> Vec<Ipv4Net> {
+    PLATFORM_DENY
+        .iter()
+        .map(|n| n.parse().expect("valid constant"))
+        .chain(host_nets)
+        .collect()
+}
+
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
-/// The whole table. When the host did not forward before, it forwards only for sandboxes.
-fn base_ruleset(host_nets: &[Ipv4Net], forwarding_was_on: bool) -> String {
-    let deny: Vec<String> = PLATFORM_DENY
-        .iter()
-        .map(|s| s.to_string())
-        .chain(host_nets.iter().map(Ipv4Net::to_string))
-        .collect();
+/// The whole table, with `deny` as the platform's deny set. When the host did not forward
+/// before, it forwards only for sandboxes.
+fn base_ruleset(deny: &[Ipv4Net], forwarding_was_on: bool) -> String {
+    let deny: Vec<String> = deny.iter().map(Ipv4Net::to_string).collect();
     let others = if forwarding_was_on { "accept" } else { "drop" };
     let links = format!("\"{LINK_PREFIX}*\"");
     format!(
@@ -412,7 +409,7 @@ mod tests {
 
     #[test]
     fn base_ruleset_blocks_what_no_policy_may_open() {
-        let rules = base_ruleset(&["192.0.2.0/24".parse().unwrap()], false);
+        let rules = base_ruleset(&deny_set(vec!["192.0.2.0/24".parse().unwrap()]), false);
         for must in [
             "169.254.0.0/16",
             "10.0.0.0/8",
@@ -428,7 +425,7 @@ mod tests {
         ] {
             assert!(rules.contains(must), "missing {must}");
         }
-        assert!(base_ruleset(&[], true).contains("iifname != \"alv*\" accept"));
+        assert!(base_ruleset(&deny_set(vec![]), true).contains("iifname != \"alv*\" accept"));
     }
 
     #[test]

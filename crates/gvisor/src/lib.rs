@@ -176,11 +176,7 @@ impl GvisorDriver {
         utf8("state dir", &state_dir)?;
         let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_lock = take_host_lock()?;
-        let firewall = Arc::new(if config.open_network {
-            Firewall::open()?
-        } else {
-            Firewall::install()?
-        });
+        let firewall = Arc::new(Firewall::install(!config.open_network)?);
         let dns_socket = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, DNS_PORT))
             .and_then(|s| s.set_nonblocking(true).map(|()| s))
             .and_then(tokio::net::UdpSocket::from_std)
@@ -225,17 +221,9 @@ impl GvisorDriver {
     /// sandbox is charged for plus its overlay's writes.
     fn check_space_for(&self, id: &str) -> Result<(), DriverError> {
         let overlay = self.bundle_dir(id).join("overlay");
-        let writes = disk::used(&overlay).unwrap_or_else(|| {
-            std::fs::read_dir(&overlay)
-                .map(|entries| {
-                    entries
-                        .flatten()
-                        .filter_map(|e| e.metadata().ok())
-                        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-                        .sum()
-                })
-                .unwrap_or(0)
-        });
+        // Without a disk of its own (size 0) the layer's filestore is an unlinked file in the
+        // overlay directory, which nothing can measure.
+        let writes = disk::used(&overlay).unwrap_or(0);
         let needed = cgroup::memory_usage(id).unwrap_or(0) + writes + CHECKPOINT_HEADROOM;
         let stat = nix::sys::statvfs::statvfs(&self.images)
             .map_err(|e| DriverError::io("checking free disk space")(e.into()))?;
