@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The full test suite, one command: installs what is missing, builds, runs the Rust unit tests,
+# The full test suite, one command: installs what is missing, builds, checks formatting and
+# clippy's lints, runs the Rust unit tests,
 # builds the `base` and `code-interpreter-v1` templates (cached by content hash), runs a short,
 # bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
@@ -13,8 +14,11 @@ cd "$(dirname "$0")"
 export AIRLOCK_TEST_DATA_DIR=${AIRLOCK_TEST_DATA_DIR:-/var/tmp/airlock-test}
 
 scripts/prepare.sh "$AIRLOCK_TEST_DATA_DIR"
+echo "==> formatting and lints"
+cargo fmt --all -- --check
+cargo clippy --locked --all-targets --quiet -- -D warnings
 echo "==> unit tests"
-cargo test --release --workspace --quiet
+cargo test --locked --release --workspace --quiet
 echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086

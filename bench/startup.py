@@ -106,6 +106,10 @@ def mem_available():
     return 0
 
 
+# What `--only` can pick; each is a group of the rows described at the top.
+SECTIONS = ["cold", "create", "variants", "interpreter", "resume", "floor", "idle"]
+
+
 def main():
     sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser()
@@ -115,8 +119,13 @@ def main():
     ap.add_argument("--idle", type=int, default=50,
                     help="sandboxes held at once for the memory figure (each idle sandbox costs 3-5%% of a core here)")
     ap.add_argument("--data-dir", default="/var/tmp/airlock-bench")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run, of: {', '.join(SECTIONS)} (default: all)")
     args = ap.parse_args()
     n = args.iterations
+    only = set(args.only.split(","))
+    if only - set(SECTIONS):
+        ap.error(f"unknown sections: {', '.join(sorted(only - set(SECTIONS)))}")
 
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +142,8 @@ def main():
         print(f"# Airlock start-up benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
         print(f"pool size {args.pool_size} per template; golden images and pools ready {ready:.1f}s after start\n")
         print(f"{'figure (ms)':<46} {'p50':>7} {'p95':>7} {'p99':>7} {'min':>7} {'max':>7}  ok")
-        print(row("cold gVisor launch (runsc do /bin/true)", cold_runsc(n), n))
+        if "cold" in only:
+            print(row("cold gVisor launch (runsc do /bin/true)", cold_runsc(n), n))
 
         Sandbox.create("base").kill()  # warm the SDK's imports and connection pool
         time.sleep(2)
@@ -158,10 +168,11 @@ def main():
             sbx.kill()
             return creates[-1]
 
-        print(row(f"create → first command, paced {args.interval}s", timed(n, create_then_command, args.interval), n))
-        print(row("  Sandbox.create() alone, paced", timed(n, create_only, args.interval), n))
-        print(row("create → first command, back to back", timed(n, create_then_command), n))
-        time.sleep(5)
+        if "create" in only:
+            print(row(f"create → first command, paced {args.interval}s", timed(n, create_then_command, args.interval), n))
+            print(row("  Sandbox.create() alone, paced", timed(n, create_only, args.interval), n))
+            print(row("create → first command, back to back", timed(n, create_then_command), n))
+            time.sleep(5)
 
         def with_rules():
             rules = {"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]}
@@ -173,8 +184,9 @@ def main():
                 raise RuntimeError(f"create failed: {status} {body}")
             return Sandbox.connect(body["sandboxID"])
 
-        print(row(f"  with allowOut/denyOut rules, paced", timed(n, with_rules, args.interval), n))
-        print(row(f"  with memoryMB=512 (no pool), paced", timed(n, lambda: create_then_command(sized), args.interval), n))
+        if "variants" in only:
+            print(row("  with allowOut/denyOut rules, paced", timed(n, with_rules, args.interval), n))
+            print(row("  with memoryMB=512 (no pool), paced", timed(n, lambda: create_then_command(sized), args.interval), n))
 
         def fresh_pandas():
             t0 = time.perf_counter()
@@ -186,10 +198,8 @@ def main():
                 raise RuntimeError(f"unexpected result {ex.text!r} {ex.error}")
             return ms
 
-        print(row(f"fresh code interpreter → first pandas run_code", timed(n, fresh_pandas, args.interval), n))
-
-        paused = Sandbox.create("base", timeout=3600)
-        paused.files.write("/home/user/kept.txt", "kept")
+        if "interpreter" in only:
+            print(row("fresh code interpreter → first pandas run_code", timed(n, fresh_pandas, args.interval), n))
 
         def resume_then_command():
             paused.pause()
@@ -201,65 +211,80 @@ def main():
                 raise RuntimeError(f"unexpected output {out!r}")
             return ms
 
-        print(row("resume of a paused sandbox → first command", timed(n, resume_then_command), n))
-        paused.kill()
-
-        probe = Sandbox.create("base")
-        inside = json.loads(probe.commands.run(
-            "python3 - <<'EOF'\n"
-            "import json, subprocess, time\n"
-            "def t(cmd):\n"
-            "    out = []\n"
-            "    for _ in range(20):\n"
-            "        s = time.perf_counter(); subprocess.run(cmd); out.append((time.perf_counter() - s) * 1000)\n"
-            "    return sorted(out)[10]\n"
-            "print(json.dumps({'bash': t(['/bin/bash', '-l', '-c', 'echo ok >/dev/null']), 'true': t(['/bin/true'])}))\n"
-            "EOF").stdout)
-        idle_cpu = Path(f"/sys/fs/cgroup/cpuacct/airlock/{probe.sandbox_id}/cpuacct.usage")
-        cpu_share = None
-        if idle_cpu.exists():
-            time.sleep(2)
-            c0, t0 = int(idle_cpu.read_text()), time.time()
-            time.sleep(10)
-            cpu_share = (int(idle_cpu.read_text()) - c0) / 1e9 / (time.time() - t0)
-        probe.kill()
-        if cpu_share is not None:
-            print(f"\nan idle sandbox uses {cpu_share * 100:.1f} % of a core (cpuacct over 10 s)")
-        print(f"\ninside gVisor, median of 20: `bash -l -c 'echo ok'` {inside['bash']:.1f} ms, "
-              f"`/bin/true` {inside['true']:.1f} ms (what every SDK command starts with)")
-
-        time.sleep(5)
-        before = mem_available()
-        t0 = time.time()
-        held = []
-        for _ in range(args.idle):
-            try:
-                held.append(Sandbox.create("base", timeout=3600))
-            except Exception as e:
-                print(f"  failure holding sandbox {len(held) + 1}: {e}", file=sys.stderr)
-                break
-        took = time.time() - t0
-        time.sleep(10)
-        alive = sum(1 for s in held if s.commands.run("echo ok").stdout == "ok\n")
-        after = mem_available()
-        cg = [cgroup_usage(s.sandbox_id) for s in held]
-        pss = [host_pss(s.sandbox_id) for s in held]
-        print(f"\nidle sandboxes held at once: {len(held)}/{args.idle} created in {took:.0f}s, {alive} answering a command")
-        known = [c for c in cg if c is not None]
-        if known:
-            print(f"  cgroup memory per sandbox: median {statistics.median(known) / MIB:.1f} MiB, "
-                  f"max {max(known) / MIB:.1f} MiB, total {sum(known) / MIB / 1024:.2f} GiB")
-        print(f"  host PSS per sandbox (runsc sandbox + gofer): median {statistics.median(pss) / MIB:.1f} MiB, "
-              f"max {max(pss) / MIB:.1f} MiB")
-        print(f"  MemAvailable drop: {(before - after) / MIB / 1024:.2f} GiB, {(before - after) / max(len(held), 1) / MIB:.1f} MiB per sandbox")
-        print("  each sandbox's cgroup memory (MiB), in creation order:")
-        values = [f"{c / MIB:.1f}" if c is not None else "?" for c in cg]
-        for i in range(0, len(values), 20):
-            print("   ", " ".join(values[i:i + 20]))
-        for s in held:
-            s.kill()
+        if "resume" in only:
+            paused = Sandbox.create("base", timeout=3600)
+            paused.files.write("/home/user/kept.txt", "kept")
+            print(row("resume of a paused sandbox → first command", timed(n, resume_then_command), n))
+            paused.kill()
+        if "floor" in only:
+            floor()
+        if "idle" in only:
+            hold_idle(args.idle)
     finally:
         srv.stop()
+
+
+def floor():
+    """What a command costs inside gVisor, and what an idle sandbox costs the host's CPU."""
+    from e2b import Sandbox
+    probe = Sandbox.create("base")
+    inside = json.loads(probe.commands.run(
+        "python3 - <<'EOF'\n"
+        "import json, subprocess, time\n"
+        "def t(cmd):\n"
+        "    out = []\n"
+        "    for _ in range(20):\n"
+        "        s = time.perf_counter(); subprocess.run(cmd); out.append((time.perf_counter() - s) * 1000)\n"
+        "    return sorted(out)[10]\n"
+        "print(json.dumps({'bash': t(['/bin/bash', '-l', '-c', 'echo ok >/dev/null']), 'true': t(['/bin/true'])}))\n"
+        "EOF").stdout)
+    idle_cpu = Path(f"/sys/fs/cgroup/cpuacct/airlock/{probe.sandbox_id}/cpuacct.usage")
+    cpu_share = None
+    if idle_cpu.exists():
+        time.sleep(2)
+        c0, t0 = int(idle_cpu.read_text()), time.time()
+        time.sleep(10)
+        cpu_share = (int(idle_cpu.read_text()) - c0) / 1e9 / (time.time() - t0)
+    probe.kill()
+    if cpu_share is not None:
+        print(f"\nan idle sandbox uses {cpu_share * 100:.1f} % of a core (cpuacct over 10 s)")
+    print(f"\ninside gVisor, median of 20: `bash -l -c 'echo ok'` {inside['bash']:.1f} ms, "
+          f"`/bin/true` {inside['true']:.1f} ms (what every SDK command starts with)")
+
+
+def hold_idle(count):
+    """Holds `count` idle sandboxes at once and reports their memory."""
+    from e2b import Sandbox
+    time.sleep(5)
+    before = mem_available()
+    t0 = time.time()
+    held = []
+    for _ in range(count):
+        try:
+            held.append(Sandbox.create("base", timeout=3600))
+        except Exception as e:
+            print(f"  failure holding sandbox {len(held) + 1}: {e}", file=sys.stderr)
+            break
+    took = time.time() - t0
+    time.sleep(10)
+    alive = sum(1 for s in held if s.commands.run("echo ok").stdout == "ok\n")
+    after = mem_available()
+    cg = [cgroup_usage(s.sandbox_id) for s in held]
+    pss = [host_pss(s.sandbox_id) for s in held]
+    print(f"\nidle sandboxes held at once: {len(held)}/{count} created in {took:.0f}s, {alive} answering a command")
+    known = [c for c in cg if c is not None]
+    if known:
+        print(f"  cgroup memory per sandbox: median {statistics.median(known) / MIB:.1f} MiB, "
+              f"max {max(known) / MIB:.1f} MiB, total {sum(known) / MIB / 1024:.2f} GiB")
+    print(f"  host PSS per sandbox (runsc sandbox + gofer): median {statistics.median(pss) / MIB:.1f} MiB, "
+          f"max {max(pss) / MIB:.1f} MiB")
+    print(f"  MemAvailable drop: {(before - after) / MIB / 1024:.2f} GiB, {(before - after) / max(len(held), 1) / MIB:.1f} MiB per sandbox")
+    print("  each sandbox's cgroup memory (MiB), in creation order:")
+    values = [f"{c / MIB:.1f}" if c is not None else "?" for c in cg]
+    for i in range(0, len(values), 20):
+        print("   ", " ".join(values[i:i + 20]))
+    for s in held:
+        s.kill()
 
 
 if __name__ == "__main__":

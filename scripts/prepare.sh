@@ -9,7 +9,7 @@ DATA_DIR=${1:?usage: scripts/prepare.sh DATA_DIR}
 
 scripts/install-deps.sh
 echo "==> building Airlock"
-cargo build --release --bins --quiet
+cargo build --locked --release --bins --quiet
 echo "==> building the templates (first time: a few minutes; cached after that)"
 for template in base code-interpreter-v1; do
   target/release/airlock --data-dir "$DATA_DIR" template build "$template"

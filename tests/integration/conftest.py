@@ -2,6 +2,7 @@
 `e2b` SDK. Run through ./test.sh, which builds the binaries and the `base` template first."""
 
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -58,5 +59,21 @@ def sandbox_factory(server):
 @pytest.fixture
 def sandbox(sandbox_factory):
     return sandbox_factory()
+
+
+def airlock_key(server, *args):
+    """Runs `airlock key ARGS` against the server's data dir; returns its output."""
+    out = subprocess.run(
+        [str(AIRLOCK), "--data-dir", str(server.data_dir), "key", *args],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def other_key(server):
+    """A second API key: another tenant of the same server."""
+    return airlock_key(server, "create", "--name", f"other-{uuid.uuid4().hex[:8]}")
 
 

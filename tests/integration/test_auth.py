@@ -10,16 +10,7 @@ import pytest
 from e2b import AuthenticationException, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException
 
-from conftest import AIRLOCK
-
-
-def airlock_key(server, *args):
-    out = subprocess.run(
-        [str(AIRLOCK), "--data-dir", str(server.data_dir), "key", *args],
-        capture_output=True, text=True, timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+from conftest import AIRLOCK, airlock_key
 
 
 def test_each_key_sees_only_its_own_sandboxes(server):

@@ -16,21 +16,16 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 fn router(state: AgentState) -> Router {
-    let authed = Router::new()
+    let routes = Router::new()
+        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .route("/init", post(init))
         .route("/envs", get(envs))
+        .merge(files::routes())
         .merge(process::routes())
         .merge(fs::routes())
         .merge(watch::routes())
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ));
-    Router::new()
-        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
-        .merge(files::routes())
-        .merge(authed)
-        .with_state(state)
+        .with_state(state.clone());
+    auth::guard(routes, state, auth::Port::Envd)
 }
 
 async fn init(

@@ -14,6 +14,8 @@ use std::sync::{Arc, RwLock};
 pub struct SandboxConfig {
     pub env_vars: BTreeMap<String, String>,
     pub access_token: Option<String>,
+    /// Proves a caller on the code interpreter's context routes (see `auth.rs`).
+    pub traffic_access_token: Option<String>,
     pub default_user: String,
     pub default_workdir: Option<String>,
 }
@@ -23,6 +25,7 @@ impl Default for SandboxConfig {
         SandboxConfig {
             env_vars: BTreeMap::new(),
             access_token: None,
+            traffic_access_token: None,
             default_user: "user".into(),
             default_workdir: None,
         }
@@ -89,6 +92,9 @@ impl Agent {
         cfg.env_vars = init.env_vars;
         if init.access_token.is_some() {
             cfg.access_token = init.access_token;
+        }
+        if init.traffic_access_token.is_some() {
+            cfg.traffic_access_token = init.traffic_access_token;
         }
         if let Some(user) = init.default_user.filter(|u| !u.is_empty()) {
             cfg.default_user = user;

@@ -136,6 +136,8 @@ pub struct CreateParams {
     pub memory_mb: Option<u32>,
     pub disk_mb: Option<u32>,
     pub egress: Egress,
+    /// E2B's `allowPublicTraffic: false`: its user ports demand the traffic token.
+    pub require_traffic_token: bool,
 }
 
 /// A running sandbox.
@@ -216,12 +218,12 @@ pub struct Lifecycle {
     destroying: TaskTracker,
 }
 
-/// How long a pause, resume or snapshot waits for another one on the same sandbox.
 /// The smallest memory and disk a create may ask for: below them the agent and a shell do not
 /// fit.
 const MIN_MEMORY_MB: u32 = 128;
 const MIN_DISK_MB: u32 = 64;
 
+/// How long a pause, resume or snapshot waits for another one on the same sandbox.
 const BUSY_WAIT: Duration = Duration::from_secs(60);
 
 pub fn now_unix() -> i64 {
@@ -237,8 +239,9 @@ fn paused_image(id: &SandboxId) -> String {
     format!("{PAUSED_PREFIX}{id}")
 }
 
-fn snapshot_image(id: &TemplateName) -> String {
-    format!("{SNAPSHOT_PREFIX}{id}")
+/// The image of `owner`'s snapshot `id`: owners may use the same names.
+fn snapshot_image(owner: &str, id: &TemplateName) -> String {
+    format!("{SNAPSHOT_PREFIX}{owner}-{id}")
 }
 
 /// Marks an id busy for as long as the guard lives.
@@ -381,27 +384,24 @@ impl Lifecycle {
                 Some(pooled) => pooled,
                 None => {
                     let golden = self.golden_image(&template);
-                    let image = self.driver.has_image(&golden).then_some(golden);
                     let launch = (resources, params.egress.clone());
-                    match self
-                        .start(&template.rootfs, image.as_deref(), launch.clone())
-                        .await
-                    {
-                        // A golden image whose copies never answer (see `fill_pool`): this
-                        // create boots instead, and the image is made again.
-                        Err(LifecycleError::Agent(e)) if image.is_some() => {
-                            let image = image.unwrap_or_default();
-                            tracing::warn!(image, error = %e, "a copy of the golden image did not answer; booting instead");
-                            if let Err(e) = self.driver.delete_image(&image).await {
-                                tracing::warn!(image, error = %e, "deleting the golden image failed");
+                    if !self.driver.has_image(&golden) {
+                        self.start(&template.rootfs, None, launch).await?
+                    } else {
+                        match self
+                            .restore_golden(&template, &golden, launch.clone())
+                            .await
+                        {
+                            // The image is bad and being made again: boot this one instead.
+                            Err(LifecycleError::Agent(_)) => {
+                                self.start(&template.rootfs, None, launch).await?
                             }
-                            self.start(&template.rootfs, None, launch).await?
+                            started => started?,
                         }
-                        started => started?,
                     }
                 }
             }
-        } else if let Some(snapshot) = self.store.snapshot(&name)? {
+        } else if let Some(snapshot) = self.owned_snapshot(params.owner.as_deref(), &name)? {
             // The snapshot's processes run as soon as it is restored: the policy goes first.
             let launch = (resources, params.egress.clone());
             let mut started = self
@@ -555,6 +555,10 @@ impl Lifecycle {
             auto_resume: params.auto_resume,
             owner: params.owner,
             egress: params.egress,
+            // Every sandbox has one: the SDK proves itself on the code interpreter's context
+            // routes with it, whether or not the user ports demand it.
+            traffic_access_token: Some(random_token(32)),
+            require_traffic_token: params.require_traffic_token,
         };
         if let Err(e) = self.store.insert_sandbox(&record) {
             self.release(started.id, started.slot).await;
@@ -563,6 +567,7 @@ impl Lifecycle {
         let init = InitRequest {
             env_vars: record.env_vars.clone(),
             access_token: record.access_token.clone(),
+            traffic_access_token: record.traffic_access_token.clone(),
             default_user: Some("user".into()),
             default_workdir: None,
             hostname: Some(record.id.to_string()),
@@ -677,9 +682,14 @@ impl Lifecycle {
         }
     }
 
-    /// Sets the sandbox to expire `timeout` from now (replacing the old deadline).
-    /// Replaces a sandbox's outbound rules: at once if it runs, at its resume if it is paused.
-    pub async fn set_egress(&self, id: &str, egress: Egress) -> Result<(), LifecycleError> {
+    /// Replaces a sandbox's outbound rules (at once if it runs, at its resume if it is paused)
+    /// and, if given, whether its user ports demand the traffic token.
+    pub async fn set_network(
+        &self,
+        id: &str,
+        egress: Egress,
+        require_traffic_token: Option<bool>,
+    ) -> Result<(), LifecycleError> {
         let _busy = self.mark_busy(id).await?;
         match self.get(id) {
             Ok(sandbox) => {
@@ -687,21 +697,22 @@ impl Lifecycle {
                     .set_egress(sandbox.slot, &egress)
                     .await
                     .map_err(LifecycleError::Driver)?;
-                self.store.set_egress(&sandbox.id(), &egress)?;
-                sandbox
-                    .record
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .egress = egress;
+                let mut record = sandbox.record.lock().unwrap_or_else(|e| e.into_inner());
+                let require = require_traffic_token.unwrap_or(record.require_traffic_token);
+                self.store.set_network(&record.id, &egress, require)?;
+                record.egress = egress;
+                record.require_traffic_token = require;
             }
             Err(_) => {
                 let record = self.record(id)?;
-                self.store.set_egress(&record.id, &egress)?;
+                let require = require_traffic_token.unwrap_or(record.require_traffic_token);
+                self.store.set_network(&record.id, &egress, require)?;
             }
         }
         Ok(())
     }
 
+    /// Sets the sandbox to expire `timeout` from now (replacing the old deadline).
     pub fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
         let timeout = self.clamp_timeout(Some(timeout))?;
         let sandbox = self.get(id)?;
@@ -841,8 +852,23 @@ impl Lifecycle {
         Ok((self.resume(id, timeout).await?, true))
     }
 
+    /// `owner`'s snapshot called `name`; another key's snapshot is not found, exactly as one that
+    /// does not exist.
+    fn owned_snapshot(
+        &self,
+        owner: Option<&str>,
+        name: &TemplateName,
+    ) -> Result<Option<SnapshotRecord>, LifecycleError> {
+        match owner {
+            Some(owner) => Ok(self.store.snapshot(owner, name)?),
+            None => Ok(None),
+        }
+    }
+
     /// Saves a running sandbox's state as a snapshot that `create` accepts in place of a
-    /// template; the sandbox keeps running. A snapshot of the same name is replaced.
+    /// template, for the sandbox's owner only; the sandbox keeps running. The owner's snapshot
+    /// of the same name is replaced. A name can never be a template's, built or not: templates
+    /// are found first, so such a snapshot could never be started.
     pub async fn snapshot(
         &self,
         id: &str,
@@ -855,14 +881,17 @@ impl Lifecycle {
             None => TemplateName::parse(&format!("snap-{}", SandboxId::generate()))
                 .expect("generated names are valid"),
         };
-        if self.store.template(&snapshot_id)?.is_some() {
+        if crate::template::KNOWN_TEMPLATES.contains(&snapshot_id.as_str())
+            || self.store.template(&snapshot_id)?.is_some()
+        {
             return Err(LifecycleError::BadSnapshotName(format!(
                 "{snapshot_id} (a template has that name)"
             )));
         }
         self.out_of_service(id, |sandbox| async move {
             let record = sandbox.record();
-            let image = snapshot_image(&snapshot_id);
+            let owner = record.owner.clone().unwrap_or_default();
+            let image = snapshot_image(&owner, &snapshot_id);
             if let Err(e) = self
                 .driver
                 .checkpoint(&record.id, sandbox.slot, &image)
@@ -878,7 +907,7 @@ impl Lifecycle {
                 source_sandbox: record.id.clone(),
                 access_token: record.access_token.clone(),
                 created_at: now_unix(),
-                owner: record.owner.clone(),
+                owner,
             };
             (
                 self.store
@@ -891,19 +920,22 @@ impl Lifecycle {
         .await
     }
 
-    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, LifecycleError> {
-        Ok(self.store.snapshots()?)
+    /// `owner`'s snapshots, oldest first.
+    pub fn snapshots(&self, owner: &str) -> Result<Vec<SnapshotRecord>, LifecycleError> {
+        let mut all = self.store.snapshots()?;
+        all.retain(|s| s.owner == owner);
+        Ok(all)
     }
 
-    /// Deletes a snapshot and its image; returns whether it existed.
-    pub async fn delete_snapshot(&self, id: &str) -> Result<bool, LifecycleError> {
+    /// Deletes `owner`'s snapshot and its image; returns whether it existed.
+    pub async fn delete_snapshot(&self, owner: &str, id: &str) -> Result<bool, LifecycleError> {
         let Ok(name) = TemplateName::parse(id) else {
             return Ok(false);
         };
-        let Some(snapshot) = self.store.snapshot(&name)? else {
+        let Some(snapshot) = self.store.snapshot(owner, &name)? else {
             return Ok(false);
         };
-        self.store.delete_snapshot(&name)?;
+        self.store.delete_snapshot(owner, &name)?;
         self.driver
             .delete_image(&snapshot.image)
             .await
@@ -937,11 +969,15 @@ impl Lifecycle {
                     memory_mb: Some(source.resources.memory_mb),
                     disk_mb: Some(source.resources.disk_mb),
                     egress: source.egress.clone(),
+                    require_traffic_token: source.require_traffic_token,
                 })
                 .await,
             );
         }
-        if let Err(e) = self.delete_snapshot(snapshot.id.as_str()).await {
+        if let Err(e) = self
+            .delete_snapshot(&snapshot.owner, snapshot.id.as_str())
+            .await
+        {
             tracing::warn!(snapshot = %snapshot.id, error = %e, "removing the fork's snapshot failed");
         }
         Ok(forks)
@@ -1094,7 +1130,7 @@ impl Lifecycle {
                 pool.filling += 1;
             }
             let result = self
-                .start(&template.rootfs, Some(golden), self.default_launch())
+                .restore_golden(template, golden, self.default_launch())
                 .await;
             let result = match result {
                 Ok(started) => {
@@ -1115,31 +1151,36 @@ impl Lifecycle {
                 }
                 Err(e) => Err(e),
             };
-            {
-                let mut pools = self.pools();
-                let pool = pools.entry(template.name.clone()).or_default();
-                pool.filling -= 1;
-                match result {
-                    Ok(started) => {
-                        pool.ready.push(started);
-                        continue;
-                    }
-                    Err(LifecycleError::Agent(_)) => {}
-                    Err(e) => {
-                        tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
-                        return;
-                    }
+            let mut pools = self.pools();
+            let pool = pools.entry(template.name.clone()).or_default();
+            pool.filling -= 1;
+            match result {
+                Ok(started) => pool.ready.push(started),
+                Err(e) => {
+                    tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
+                    return;
                 }
             }
-            // Restored, but its agent never answered: the image itself is bad (saved with a
-            // connection that netstack could not restore). Make it again rather than hand out
-            // dead copies.
-            tracing::warn!(template = %template.name, image = golden, "copies of the golden image do not answer; making it again");
+        }
+    }
+
+    /// Restores a copy of the template's golden image. A copy whose agent never answers means
+    /// the image itself is bad (saved with a connection netstack could not restore): it is
+    /// deleted, so that the pools make it again, and the error returned.
+    async fn restore_golden(
+        &self,
+        template: &crate::store::TemplateRecord,
+        golden: &str,
+        launch: (Resources, Egress),
+    ) -> Result<Started, LifecycleError> {
+        let result = self.start(&template.rootfs, Some(golden), launch).await;
+        if let Err(LifecycleError::Agent(e)) = &result {
+            tracing::warn!(template = %template.name, image = golden, error = %e, "a copy of the golden image does not answer; making it again");
             if let Err(e) = self.driver.delete_image(golden).await {
                 tracing::warn!(image = golden, error = %e, "deleting the golden image failed");
             }
-            return;
         }
+        result
     }
 
     /// After a (re)start: adopts every recorded running sandbox whose runtime and agent still
@@ -1387,9 +1428,36 @@ mod tests {
         }
     }
 
+    /// An agent that never answers in the first sandbox it is asked about.
+    struct FirstCopyDead(std::sync::atomic::AtomicBool);
+
+    #[async_trait::async_trait]
+    impl AgentClient for FirstCopyDead {
+        async fn wait_ready(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+            match self.0.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                true => Err("no answer in time".into()),
+                false => Ok(()),
+            }
+        }
+        async fn init(&self, _: Ipv4Addr, _: Option<&str>, _: &InitRequest) -> Result<(), String> {
+            Ok(())
+        }
+        async fn warm_up(&self, _: Ipv4Addr) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
     fn setup(
         driver: Arc<RecordingDriver>,
         limits: Limits,
+    ) -> (tempfile::TempDir, Arc<Store>, Arc<Lifecycle>) {
+        setup_with_agent(driver, limits, Arc::new(ReadyAgent))
+    }
+
+    fn setup_with_agent(
+        driver: Arc<RecordingDriver>,
+        limits: Limits,
+        agent: Arc<dyn AgentClient>,
     ) -> (tempfile::TempDir, Arc<Store>, Arc<Lifecycle>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
@@ -1402,14 +1470,39 @@ mod tests {
                 size_bytes: 0,
             })
             .unwrap();
-        let lc = Lifecycle::new(store.clone(), driver, Arc::new(ReadyAgent), limits);
+        let lc = Lifecycle::new(store.clone(), driver, agent, limits);
         (dir, store, lc)
+    }
+
+    #[tokio::test]
+    async fn a_golden_image_whose_copy_never_answers_is_dropped_and_the_create_boots() {
+        let driver = Arc::new(RecordingDriver::default());
+        let golden = "golden-base-h-test";
+        driver.images.lock().unwrap().insert(golden.into());
+        let agent = Arc::new(FirstCopyDead(std::sync::atomic::AtomicBool::new(true)));
+        let (_dir, _store, lc) = setup_with_agent(driver.clone(), Limits::default(), agent);
+        let sbx = lc.create(params()).await.unwrap();
+        assert!(
+            !driver.has_image(golden),
+            "the bad image is deleted, to be made again"
+        );
+        assert_eq!(
+            driver.destroyed.lock().unwrap().len(),
+            1,
+            "its dead copy is gone"
+        );
+        assert_eq!(
+            *driver.running.lock().unwrap(),
+            [sbx.id()],
+            "the create booted"
+        );
     }
 
     fn params() -> CreateParams {
         CreateParams {
             template: "base".into(),
             secure: true,
+            owner: Some("k1".into()),
             ..Default::default()
         }
     }
@@ -1565,17 +1658,21 @@ mod tests {
 
         // Rules replaced while it runs take effect at once; while it is paused, at its resume.
         let id = resumed.id();
-        lc.set_egress(id.as_str(), Egress::default()).await.unwrap();
+        lc.set_network(id.as_str(), Egress::default(), None)
+            .await
+            .unwrap();
         assert!(driver.egress.lock().unwrap()[&new_slot].is_open());
         lc.pause(id.as_str()).await.unwrap();
-        lc.set_egress(id.as_str(), egress.clone()).await.unwrap();
+        lc.set_network(id.as_str(), egress.clone(), None)
+            .await
+            .unwrap();
         let again = lc.resume(id.as_str(), None).await.unwrap();
         assert_eq!(
             driver.egress.lock().unwrap()[&again.record().slot.unwrap()],
             egress
         );
         assert!(matches!(
-            lc.set_egress("nosuch", Egress::default()).await,
+            lc.set_network("nosuch", Egress::default(), None).await,
             Err(LifecycleError::SandboxNotFound(_))
         ));
 
@@ -1679,19 +1776,53 @@ mod tests {
             .unwrap();
         assert_ne!(copy.id(), source.id());
         assert_eq!(copy.record().template.as_str(), "ready");
-        assert!(matches!(
-            lc.snapshot(source.id().as_str(), Some("Bad Name")).await,
-            Err(LifecycleError::BadSnapshotName(_))
-        ));
+        // Another key gets exactly what a name that does not exist gets.
+        let stranger = |template: &str| CreateParams {
+            template: template.into(),
+            owner: Some("k2".into()),
+            ..params()
+        };
+        for name in ["ready", "nosuchname"] {
+            assert!(matches!(
+                lc.create(stranger(name)).await,
+                Err(LifecycleError::TemplateNotFound(_))
+            ));
+        }
+        assert!(!lc.delete_snapshot("k2", "ready").await.unwrap());
+        assert!(lc.snapshots("k2").unwrap().is_empty());
+        // Its snapshot of the same name is its own, and replaces nothing of k1's.
+        let theirs = lc
+            .create(CreateParams {
+                owner: Some("k2".into()),
+                ..params()
+            })
+            .await
+            .unwrap();
+        let their_snap = lc
+            .snapshot(theirs.id().as_str(), Some("ready"))
+            .await
+            .unwrap();
+        assert_ne!(their_snap.image, snap.image);
+        assert_eq!(lc.snapshots("k1").unwrap(), vec![snap.clone()]);
+        for bad in ["Bad Name", "base", "code-interpreter-v1"] {
+            assert!(
+                matches!(
+                    lc.snapshot(source.id().as_str(), Some(bad)).await,
+                    Err(LifecycleError::BadSnapshotName(_))
+                ),
+                "{bad}"
+            );
+        }
         let forks = lc.fork(source.id().as_str(), 2, None).await.unwrap();
         assert_eq!(forks.iter().filter(|f| f.is_ok()).count(), 2);
         assert_eq!(
-            lc.snapshots().unwrap(),
+            lc.snapshots("k1").unwrap(),
             vec![snap.clone()],
             "the fork's snapshot is gone"
         );
-        assert!(lc.delete_snapshot("ready").await.unwrap());
-        assert!(!lc.delete_snapshot("ready").await.unwrap());
+        assert!(lc.delete_snapshot("k1", "ready").await.unwrap());
+        assert!(!lc.delete_snapshot("k1", "ready").await.unwrap());
+        assert!(driver.has_image(&their_snap.image), "k2's is untouched");
 
         lc.pause(copy.id().as_str()).await.unwrap();
         for leftover in ["paused-gone", "snapshot-gone", "golden-base-x-y"] {

@@ -67,10 +67,15 @@ pub struct SandboxRecord {
     /// Resume on connect-style traffic (E2B's `autoResume`); recorded and reported.
     pub auto_resume: bool,
     /// Id of the API key that created it; only that key sees it. `None` for sandboxes from
-    /// before keys had owners, which every key sees.
+    /// before keys had owners, which no key sees.
     pub owner: Option<String>,
     /// Its outbound network policy.
     pub egress: Egress,
+    /// What the SDK must send in `E2B-Traffic-Access-Token` to reach the code interpreter's
+    /// context routes, and every user port when `require_traffic_token` is set.
+    pub traffic_access_token: Option<String>,
+    /// E2B's `allowPublicTraffic: false`: its user ports demand the traffic token.
+    pub require_traffic_token: bool,
 }
 
 /// An API key as stored: only its SHA-256 is kept.
@@ -92,10 +97,11 @@ pub struct TemplateRecord {
     pub size_bytes: u64,
 }
 
-/// A saved state of a sandbox that new sandboxes can start from (E2B's snapshots).
+/// A saved state of a sandbox that new sandboxes can start from (E2B's snapshots). Each belongs
+/// to one API key, and its name is unique among that key's snapshots only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRecord {
-    /// Also the name `Sandbox.create()` takes in place of a template.
+    /// Also the name `Sandbox.create()` takes in place of a template (its owner's only).
     pub id: TemplateName,
     /// The driver's checkpoint image.
     pub image: String,
@@ -106,8 +112,9 @@ pub struct SnapshotRecord {
     /// The source's access token, which the agents restored from it hold until `/init`.
     pub access_token: Option<String>,
     pub created_at: i64,
-    /// The API key that took it (see [`SandboxRecord::owner`]).
-    pub owner: Option<String>,
+    /// Id of the API key that took it. Empty for snapshots from before keys had owners, which
+    /// no key sees.
+    pub owner: String,
 }
 
 pub struct Store {
@@ -133,16 +140,21 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     auto_resume INTEGER NOT NULL
 );";
 
-const SCHEMA: &str = "
+/// Snapshot names are unique per owner, not globally: two keys may both have a `ready`.
+const SNAPSHOTS_TABLE: &str = "
 CREATE TABLE IF NOT EXISTS snapshots (
-    id TEXT PRIMARY KEY,
-    image TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    id TEXT NOT NULL,
+    image TEXT NOT NULL UNIQUE,
     template TEXT NOT NULL,
     rootfs TEXT NOT NULL,
     source_sandbox TEXT NOT NULL,
     access_token TEXT,
-    created_at INTEGER NOT NULL
-);
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (owner, id)
+);";
+
+const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS templates (
     name TEXT PRIMARY KEY,
     content_hash TEXT NOT NULL,
@@ -163,12 +175,18 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrate_sandboxes_v1(&conn)?;
+        migrate_snapshots_v1(&conn)?;
         conn.execute_batch(SANDBOXES_TABLE)?;
+        conn.execute_batch(SNAPSHOTS_TABLE)?;
         conn.execute_batch(SCHEMA)?;
         for (table, column) in [
             ("sandboxes", "owner TEXT"),
             ("sandboxes", "egress TEXT NOT NULL DEFAULT '{}'"),
-            ("snapshots", "owner TEXT"),
+            ("sandboxes", "traffic_access_token TEXT"),
+            (
+                "sandboxes",
+                "require_traffic_token INTEGER NOT NULL DEFAULT 0",
+            ),
             ("api_keys", "name TEXT NOT NULL DEFAULT ''"),
             ("api_keys", "revoked_at INTEGER"),
         ] {
@@ -189,8 +207,9 @@ impl Store {
         self.conn().execute(
             "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
              env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
-             auto_resume, owner, egress)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+             auto_resume, owner, egress, traffic_access_token, require_traffic_token)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+             ?18, ?19)",
             params![
                 r.id.as_str(),
                 r.template.as_str(),
@@ -209,6 +228,8 @@ impl Store {
                 r.auto_resume,
                 r.owner,
                 serde_json::to_string(&r.egress).expect("policy serializes"),
+                r.traffic_access_token,
+                r.require_traffic_token,
             ],
         )?;
         Ok(())
@@ -229,12 +250,19 @@ impl Store {
         Ok(())
     }
 
-    pub fn set_egress(&self, id: &SandboxId, egress: &Egress) -> Result<(), StoreError> {
+    /// Records a sandbox's network settings (`update_network`).
+    pub fn set_network(
+        &self,
+        id: &SandboxId,
+        egress: &Egress,
+        require_traffic_token: bool,
+    ) -> Result<(), StoreError> {
         self.conn().execute(
-            "UPDATE sandboxes SET egress = ?2 WHERE id = ?1",
+            "UPDATE sandboxes SET egress = ?2, require_traffic_token = ?3 WHERE id = ?1",
             params![
                 id.as_str(),
-                serde_json::to_string(egress).expect("policy serializes")
+                serde_json::to_string(egress).expect("policy serializes"),
+                require_traffic_token
             ],
         )?;
         Ok(())
@@ -259,7 +287,8 @@ impl Store {
         let mut stmt = conn.prepare(
             "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
              started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume,
-             owner, egress FROM sandboxes ORDER BY started_at, id",
+             owner, egress, traffic_access_token, require_traffic_token FROM sandboxes
+             ORDER BY started_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -290,6 +319,8 @@ impl Store {
                     owner: row.get(15)?,
                     egress: serde_json::from_str(&text(16)?)
                         .map_err(|_| StoreError::Corrupt(id.clone()))?,
+                    traffic_access_token: row.get(17)?,
+                    require_traffic_token: row.get(18)?,
                 })
             })())
         })?;
@@ -306,6 +337,8 @@ impl Store {
 
     // ------------------------------------------------------------ snapshots
 
+    /// Records a snapshot, replacing its owner's snapshot of the same name (never another
+    /// owner's).
     pub fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
         self.conn().execute(
             "INSERT OR REPLACE INTO snapshots (id, image, template, rootfs, source_sandbox,
@@ -353,15 +386,24 @@ impl Store {
         Ok(out)
     }
 
-    pub fn snapshot(&self, id: &TemplateName) -> Result<Option<SnapshotRecord>, StoreError> {
-        Ok(self.snapshots()?.into_iter().find(|s| s.id == *id))
+    /// `owner`'s snapshot called `id`; another owner's is not found.
+    pub fn snapshot(
+        &self,
+        owner: &str,
+        id: &TemplateName,
+    ) -> Result<Option<SnapshotRecord>, StoreError> {
+        Ok(self
+            .snapshots()?
+            .into_iter()
+            .find(|s| s.owner == owner && s.id == *id))
     }
 
-    /// Returns whether it existed.
-    pub fn delete_snapshot(&self, id: &TemplateName) -> Result<bool, StoreError> {
-        let n = self
-            .conn()
-            .execute("DELETE FROM snapshots WHERE id = ?1", params![id.as_str()])?;
+    /// Deletes `owner`'s snapshot called `id`; returns whether it existed.
+    pub fn delete_snapshot(&self, owner: &str, id: &TemplateName) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "DELETE FROM snapshots WHERE owner = ?1 AND id = ?2",
+            params![owner, id.as_str()],
+        )?;
         Ok(n == 1)
     }
 
@@ -510,6 +552,32 @@ fn add_column_if_missing(conn: &Connection, table: &str, column: &str) -> Result
     Ok(())
 }
 
+/// Databases from before snapshots were owned have one global namespace of snapshot names, and
+/// rows without an owner. Those rows keep their names, under the empty owner no key has.
+fn migrate_snapshots_v1(conn: &Connection) -> Result<(), StoreError> {
+    let key_columns: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('snapshots') WHERE pk > 0",
+        [],
+        |r| r.get(0),
+    )?;
+    if key_columns != 1 {
+        return Ok(()); // no table yet, or already keyed by (owner, id)
+    }
+    add_column_if_missing(conn, "snapshots", "owner TEXT")?;
+    conn.execute_batch(&format!(
+        "BEGIN;
+         ALTER TABLE snapshots RENAME TO snapshots_v1;
+         {SNAPSHOTS_TABLE}
+         INSERT INTO snapshots (owner, id, image, template, rootfs, source_sandbox, access_token,
+             created_at)
+             SELECT COALESCE(owner, ''), id, image, template, rootfs, source_sandbox,
+             access_token, created_at FROM snapshots_v1;
+         DROP TABLE snapshots_v1;
+         COMMIT;"
+    ))?;
+    Ok(())
+}
+
 /// Databases from before pause/resume have a `sandboxes` table without `state`, `rootfs` and
 /// the lifecycle flags, and with a `NOT NULL` slot. Their rows are running sandboxes: they are
 /// carried over with their template's rootfs.
@@ -572,6 +640,8 @@ mod tests {
             auto_resume: false,
             owner: Some("k1".into()),
             egress: Egress::from_request(Some(false), &["1.1.1.1".into()], &[]).unwrap(),
+            traffic_access_token: Some("traffic".into()),
+            require_traffic_token: true,
         }
     }
 
@@ -650,12 +720,47 @@ mod tests {
             source_sandbox: SandboxId::parse("a1").unwrap(),
             access_token: Some("tok".into()),
             created_at: 3,
-            owner: None,
+            owner: "k1".into(),
         };
         store.insert_snapshot(&snap).unwrap();
-        assert_eq!(store.snapshot(&snap.id).unwrap(), Some(snap.clone()));
-        assert!(store.delete_snapshot(&snap.id).unwrap());
-        assert!(!store.delete_snapshot(&snap.id).unwrap());
+        // Another key's snapshot of the same name lives beside it, and neither sees the other.
+        let theirs = SnapshotRecord {
+            owner: "k2".into(),
+            image: "snapshot-k2-snap1".into(),
+            ..snap.clone()
+        };
+        store.insert_snapshot(&theirs).unwrap();
+        assert_eq!(store.snapshot("k1", &snap.id).unwrap(), Some(snap.clone()));
+        assert_eq!(store.snapshot("k2", &snap.id).unwrap(), Some(theirs));
+        assert_eq!(store.snapshot("k3", &snap.id).unwrap(), None);
+        assert!(!store.delete_snapshot("k3", &snap.id).unwrap());
+        assert!(store.delete_snapshot("k1", &snap.id).unwrap());
+        assert!(!store.delete_snapshot("k1", &snap.id).unwrap());
+        assert!(store.snapshot("k2", &snap.id).unwrap().is_some());
+    }
+
+    #[test]
+    fn snapshots_from_before_owners_are_migrated_to_no_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("airlock.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE snapshots (id TEXT PRIMARY KEY, image TEXT NOT NULL,
+               template TEXT NOT NULL, rootfs TEXT NOT NULL, source_sandbox TEXT NOT NULL,
+               access_token TEXT, created_at INTEGER NOT NULL, owner TEXT);
+             INSERT INTO snapshots VALUES ('old', 'snapshot-old', 'base', '/t', 'a1', NULL, 1, NULL);
+             INSERT INTO snapshots VALUES ('mine', 'snapshot-mine', 'base', '/t', 'a1', NULL, 2, 'k1');",
+        )
+        .unwrap();
+        drop(conn);
+        let store = Store::open(&path).unwrap();
+        let name = |n: &str| TemplateName::parse(n).unwrap();
+        assert_eq!(
+            store.snapshot("", &name("old")).unwrap().unwrap().image,
+            "snapshot-old"
+        );
+        assert!(store.snapshot("k1", &name("mine")).unwrap().is_some());
+        assert_eq!(store.snapshots().unwrap().len(), 2);
     }
 
     #[test]

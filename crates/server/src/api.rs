@@ -58,9 +58,9 @@ pub struct Caller(pub String);
 
 impl Caller {
     /// Whether this caller may see something owned by `owner` (records from before keys had
-    /// owners belong to every key).
+    /// owners belong to no key).
     fn sees(&self, owner: &Option<String>) -> bool {
-        owner.as_ref().is_none_or(|o| *o == self.0)
+        owner.as_deref() == Some(self.0.as_str())
     }
 }
 
@@ -158,10 +158,9 @@ async fn create(
     // The SDK may send an alias like `team/name:tag`; templates here are plain names.
     let template = body.template_id.rsplit('/').next().unwrap_or_default();
     let template = template.split(':').next().unwrap_or_default().to_owned();
-    let egress = egress(
-        body.allow_internet_access,
-        &body.network.unwrap_or_default(),
-    )?;
+    let network = body.network.unwrap_or_default();
+    let egress = egress(body.allow_internet_access, &network)?;
+    let allow_public_traffic = network.allow_public_traffic.unwrap_or(true);
     let sandbox = state
         .lifecycle
         .create(CreateParams {
@@ -177,6 +176,7 @@ async fn create(
             memory_mb: body.memory_mb,
             disk_mb: body.disk_size_mb,
             egress,
+            require_traffic_token: !allow_public_traffic,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
@@ -208,6 +208,7 @@ fn sandbox_body(r: &SandboxRecord) -> Sandbox {
         alias: Some(r.template.to_string()),
         envd_version: ENVD_VERSION.into(),
         envd_access_token: r.access_token.clone(),
+        traffic_access_token: r.traffic_access_token.clone(),
         domain: None,
     }
 }
@@ -244,6 +245,24 @@ fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
             auto_resume: r.auto_resume,
             on_timeout: if r.pause_on_timeout { "pause" } else { "kill" }.into(),
         }),
+        network: Some(network_body(r)),
+    }
+}
+
+/// A sandbox's network settings as E2B reports them (`allowOut` and `denyOut` as normalised).
+fn network_body(r: &SandboxRecord) -> NetworkConfig {
+    let egress = &r.egress;
+    let allow_out: Vec<String> = egress
+        .allow_nets
+        .iter()
+        .map(ToString::to_string)
+        .chain(egress.allow_domains.iter().map(ToString::to_string))
+        .collect();
+    NetworkConfig {
+        allow_out: (!allow_out.is_empty()).then_some(allow_out),
+        deny_out: (!egress.deny_nets.is_empty())
+            .then(|| egress.deny_nets.iter().map(ToString::to_string).collect()),
+        allow_public_traffic: Some(!r.require_traffic_token),
     }
 }
 
@@ -270,14 +289,18 @@ fn egress(allow_internet_access: Option<bool>, rules: &NetworkConfig) -> Result<
 }
 
 /// E2B's `update_network`: replaces the sandbox's outbound rules, at once if it runs, at its
-/// resume if it is paused.
+/// resume if it is paused. `allowPublicTraffic`, when sent, is changed too (left out, it stays).
 async fn set_network(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<NetworkUpdate>,
 ) -> Result<StatusCode, ApiError> {
     let egress = egress(body.allow_internet_access, &body.rules)?;
-    state.lifecycle.set_egress(&id, egress).await?;
+    let require_traffic_token = body.rules.allow_public_traffic.map(|public| !public);
+    state
+        .lifecycle
+        .set_network(&id, egress, require_traffic_token)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -362,9 +385,8 @@ async fn list_snapshots(
     Ok(Json(
         state
             .lifecycle
-            .snapshots()?
+            .snapshots(&caller.0)?
             .iter()
-            .filter(|s| caller.sees(&s.owner))
             .filter(|s| source.is_none_or(|id| s.source_sandbox.as_str() == id))
             .filter(|s| name.is_none_or(|n| s.id.as_str() == n))
             .map(snapshot_info)
@@ -373,18 +395,13 @@ async fn list_snapshots(
 }
 
 /// The SDK deletes snapshots as templates (`DELETE /templates/{id}`); built templates are
-/// managed with `airlock template`, so only snapshots are deleted here.
+/// managed with `airlock template`, so only the caller's own snapshots are deleted here.
 async fn delete_snapshot(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let visible = state
-        .lifecycle
-        .snapshots()?
-        .iter()
-        .any(|s| s.id.as_str() == id && caller.sees(&s.owner));
-    if visible && state.lifecycle.delete_snapshot(&id).await? {
+    if state.lifecycle.delete_snapshot(&caller.0, &id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("snapshot '{id}' not found")))

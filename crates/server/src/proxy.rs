@@ -107,6 +107,17 @@ pub async fn route_sandbox_traffic(
     match classify(req.headers(), req.uri()) {
         None => next.run(req).await,
         Some(Target::Sandbox { id, port }) => match state.lifecycle.get(&id) {
+            Ok(sandbox) if !traffic_allowed(&sandbox, port, req.headers()) => {
+                crate::error::ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "port {port} of sandbox {id} takes only requests that carry its traffic \
+                         access token in the {TRAFFIC_TOKEN_HEADER} header (the sandbox was created \
+                         with allowPublicTraffic: false)"
+                    ),
+                )
+                .into_response()
+            }
             Ok(sandbox) => forward(&state, sandbox, port, req).await,
             Err(_) => sandbox_not_found(&id),
         },
@@ -119,6 +130,33 @@ pub async fn route_sandbox_traffic(
             .into_response(),
         },
     }
+}
+
+/// Header with which E2B's SDK proves itself on a sandbox's ports besides envd's.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Whether a request may reach `port`: envd has its own access token and is always let
+/// through; with `allowPublicTraffic: false` every other port needs the traffic token.
+fn traffic_allowed(sandbox: &Sandbox, port: u16, headers: &HeaderMap) -> bool {
+    if port == ENVD_PORT {
+        return true;
+    }
+    let record = sandbox.record();
+    if !record.require_traffic_token {
+        return true;
+    }
+    let (Some(expected), Some(given)) = (
+        record.traffic_access_token,
+        headers.get(TRAFFIC_TOKEN_HEADER),
+    ) else {
+        return false;
+    };
+    constant_time_eq(given.as_bytes(), expected.as_bytes())
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The answer E2B's proxy gives for a sandbox that does not exist (any more); the SDK turns it

@@ -59,6 +59,9 @@ pub struct NetworkConfig {
     pub allow_out: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_out: Option<Vec<String>>,
+    /// `false`: the sandbox's user ports demand the `E2B-Traffic-Access-Token` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -129,6 +132,8 @@ pub struct Sandbox {
     pub envd_version: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
+    /// What the SDK sends in `E2B-Traffic-Access-Token` to the sandbox's ports besides envd's.
+    pub traffic_access_token: Option<String>,
     /// Always null: a non-null domain would redirect the SDK's sandbox traffic.
     pub domain: Option<String>,
 }
@@ -167,6 +172,8 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<SandboxLifecycle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkConfig>,
 }
 
 /// E2B's error body. Both fields are required by the SDK's parser.
@@ -233,12 +240,17 @@ mod tests {
             alias: Some("base".into()),
             envd_version: "0.5.7".into(),
             envd_access_token: Some("t".into()),
+            traffic_access_token: Some("p".into()),
             domain: None,
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["sandboxID"], "abc");
         assert_eq!(v["templateID"], "base");
         assert_eq!(v["envdAccessToken"], "t");
+        assert_eq!(v["trafficAccessToken"], "p");
         assert!(v["domain"].is_null());
+        let network: NetworkConfig =
+            serde_json::from_value(json!({"allowPublicTraffic": false})).unwrap();
+        assert_eq!(network.allow_public_traffic, Some(false));
     }
 }

@@ -325,6 +325,9 @@ pub struct InitRequest {
     pub env_vars: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_token: Option<String>,
+    /// The token E2B's SDK sends to the sandbox's ports besides envd (`trafficAccessToken`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_access_token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

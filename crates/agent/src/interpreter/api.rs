@@ -8,7 +8,7 @@ use super::kernelspec::normalize_language;
 use crate::auth;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -24,13 +24,15 @@ use tokio_stream::wrappers::ReceiverStream;
 type Shared = Arc<Interpreter>;
 
 pub fn router(interpreter: Shared) -> Router {
-    Router::new()
+    let agent = interpreter.agent.clone();
+    let routes = Router::new()
         .route("/health", get(|| async { "OK" }))
         .route("/execute", post(execute))
         .route("/contexts", get(list_contexts).post(create_context))
         .route("/contexts/{id}", delete(delete_context))
         .route("/contexts/{id}/restart", post(restart_context))
-        .with_state(interpreter)
+        .with_state(interpreter);
+    auth::guard(routes, agent, auth::Port::Interpreter)
 }
 
 impl IntoResponse for ApiError {
@@ -38,6 +40,7 @@ impl IntoResponse for ApiError {
         let status = match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (status, self.to_string()).into_response()
@@ -87,10 +90,7 @@ fn route(context_id: Option<&str>, language: Option<&str>) -> Result<Target, Api
     }
 }
 
-async fn execute(State(interp): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    if !auth::header_token_ok(&headers, interp.agent.config().access_token.as_deref()) {
-        return auth::unauthorized(auth::UNAUTHORIZED_MESSAGE);
-    }
+async fn execute(State(interp): State<Shared>, body: Bytes) -> Response {
     match start_execution(interp, &body).await {
         Ok(body) => Response::new(body),
         Err(e) => e.into_response(),
@@ -333,19 +333,35 @@ mod tests {
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(body.contains("/nonexistent/python"), "{body}");
 
-        let (status, body) = call(app.clone(), post("/contexts", "{}", None)).await;
+        let (status, body) = call(app.clone(), post("/contexts", "{}", Some("tok"))).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
 
+        let request = |method: &str, uri: &str, token: Option<&str>| {
+            let mut req = Request::builder().method(method).uri(uri);
+            if let Some(token) = token {
+                req = req.header("x-access-token", token);
+            }
+            req.body(Body::empty()).unwrap()
+        };
+        for (method, uri) in [
+            ("GET", "/contexts"),
+            ("POST", "/contexts"),
+            ("DELETE", "/contexts/nope"),
+            ("POST", "/contexts/nope/restart"),
+            ("GET", "/nosuchroute"),
+        ] {
+            let (status, _) = call(app.clone(), request(method, uri, None)).await;
+            assert_eq!(
+                status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {uri} without a token"
+            );
+        }
         for (method, uri) in [
             ("DELETE", "/contexts/nope"),
             ("POST", "/contexts/nope/restart"),
         ] {
-            let req = Request::builder()
-                .method(method)
-                .uri(uri)
-                .body(Body::empty())
-                .unwrap();
-            let (status, body) = call(app.clone(), req).await;
+            let (status, body) = call(app.clone(), request(method, uri, Some("tok"))).await;
             assert_eq!(
                 (status, body.as_str()),
                 (StatusCode::NOT_FOUND, "Context nope not found")
@@ -356,8 +372,7 @@ mod tests {
         assert_eq!(call(app.clone(), req).await, (StatusCode::OK, "OK".into()));
 
         // The default python context exists (its kernel failed), the failed new one does not.
-        let req = Request::get("/contexts").body(Body::empty()).unwrap();
-        let (status, body) = call(app, req).await;
+        let (status, body) = call(app, request("GET", "/contexts", Some("tok"))).await;
         assert_eq!(status, StatusCode::OK);
         let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
         assert_eq!(list.len(), 1);

@@ -16,6 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedMutexGuard;
 
+/// Most contexts one sandbox may have: each can hold a kernel process, and a client that keeps
+/// creating them would otherwise fill the sandbox with kernels.
+pub const MAX_CONTEXTS: usize = 16;
+
 /// The languages whose default contexts exist from the start (E2B lists both).
 pub const DEFAULT_LANGUAGES: [&str; 2] = ["python", "javascript"];
 
@@ -162,6 +166,8 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    TooMany(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -292,8 +298,15 @@ impl Interpreter {
                 cwd.display()
             )));
         }
+        let mut registry = self.registry();
+        if registry.contexts.len() >= MAX_CONTEXTS {
+            return Err(ApiError::TooMany(format!(
+                "this sandbox already has {MAX_CONTEXTS} contexts, the most it may have; \
+                 delete one first"
+            )));
+        }
         let ctx = Arc::new(Context::new(language, cwd, spec));
-        self.registry().contexts.push(ctx.clone());
+        registry.contexts.push(ctx.clone());
         Ok(ctx)
     }
 
@@ -393,5 +406,19 @@ mod tests {
         let py2 = interp.default_context("python").unwrap();
         assert_ne!(py2.id, py.id);
         assert_eq!(interp.list().last().unwrap().id, py2.id);
+    }
+
+    #[test]
+    fn contexts_are_capped_and_a_delete_makes_room() {
+        let (_dir, interp) = interpreter();
+        let made: Vec<_> = (0..MAX_CONTEXTS)
+            .map(|_| interp.new_context("python", None).unwrap())
+            .collect();
+        assert!(matches!(
+            interp.new_context("python", None),
+            Err(ApiError::TooMany(_))
+        ));
+        interp.remove(&made[0].id).unwrap();
+        interp.new_context("python", None).unwrap();
     }
 }
