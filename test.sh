@@ -6,12 +6,21 @@
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
 # and e2b-code-interpreter SDKs from PyPI.
 #
-#   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default /var/tmp/airlock-test)
+#   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default: a fresh private one,
+#                          removed afterwards)
+#   AIRLOCK_TEMPLATES_DIR  where built templates are cached between runs
+#                          (default /var/cache/airlock/templates)
 #   PYTEST_ARGS            extra pytest arguments, e.g. "-k files -x"
 set -euo pipefail
 cd "$(dirname "$0")"
 
-export AIRLOCK_TEST_DATA_DIR=${AIRLOCK_TEST_DATA_DIR:-/var/tmp/airlock-test}
+export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
+if [ -z "${AIRLOCK_TEST_DATA_DIR:-}" ]; then
+  AIRLOCK_TEST_DATA_DIR=$(mktemp -d /var/tmp/airlock-test.XXXXXX)
+  # --one-file-system: never into anything a failed run left mounted there.
+  trap 'rm -rf --one-file-system "$AIRLOCK_TEST_DATA_DIR"' EXIT
+fi
+export AIRLOCK_TEST_DATA_DIR
 
 scripts/prepare.sh "$AIRLOCK_TEST_DATA_DIR"
 echo "==> formatting and lints"

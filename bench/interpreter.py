@@ -24,7 +24,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--warm", type=int, default=100, help="warm run_code calls")
     ap.add_argument("--fresh", type=int, default=20, help="fresh sandboxes")
-    ap.add_argument("--data-dir", default="/var/tmp/airlock-bench")
+    ap.add_argument("--data-dir", required=True, help="a data dir prepared by scripts/prepare.sh")
     args = ap.parse_args()
 
     srv = start_server(Path(args.data_dir))

@@ -6,13 +6,19 @@
 #   bench/run.sh interpreter [args]   bench/interpreter.py (run_code round trips)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA_DIR=${AIRLOCK_BENCH_DATA_DIR:-/var/tmp/airlock-bench}
+export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
+if [ -n "${AIRLOCK_BENCH_DATA_DIR:-}" ]; then
+  DATA_DIR=$AIRLOCK_BENCH_DATA_DIR
+else
+  DATA_DIR=$(mktemp -d /var/tmp/airlock-bench.XXXXXX)
+  trap 'rm -rf --one-file-system "$DATA_DIR"' EXIT
+fi
 suite=${1:-all}
 [ $# -gt 0 ] && shift
 scripts/prepare.sh "$DATA_DIR" >/dev/null
 case "$suite" in
-  startup) exec .venv/bin/python bench/startup.py --data-dir "$DATA_DIR" "$@" ;;
-  interpreter) exec .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" "$@" ;;
+  startup) .venv/bin/python bench/startup.py --data-dir "$DATA_DIR" "$@" ;;
+  interpreter) .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" "$@" ;;
   all)
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo

@@ -118,7 +118,7 @@ def main():
     ap.add_argument("--pool-size", type=int, default=2)
     ap.add_argument("--idle", type=int, default=50,
                     help="sandboxes held at once for the memory figure (each idle sandbox costs 3-5%% of a core here)")
-    ap.add_argument("--data-dir", default="/var/tmp/airlock-bench")
+    ap.add_argument("--data-dir", required=True, help="a data dir prepared by scripts/prepare.sh")
     ap.add_argument("--only", default=",".join(SECTIONS),
                     help=f"comma-separated sections to run, of: {', '.join(SECTIONS)} (default: all)")
     args = ap.parse_args()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 AIRLOCK = Path(os.environ.get("AIRLOCK_BIN", REPO / "target" / "release" / "airlock"))
-API_KEY = "e2b_" + "5" * 40
+# Made afresh by each process that imports this: no key written in the repo opens anything.
+API_KEY = "e2b_" + secrets.token_hex(20)
 
 
 def free_port() -> int:

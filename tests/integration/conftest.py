@@ -12,12 +12,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import AIRLOCK, API_KEY, host_leftovers, start_server  # noqa: E402,F401
 
-DATA_DIR = Path(os.environ.get("AIRLOCK_TEST_DATA_DIR", "/var/tmp/airlock-test"))
-
-
 @pytest.fixture(scope="session")
 def server():
-    srv = start_server(DATA_DIR)
+    if not os.environ.get("AIRLOCK_TEST_DATA_DIR"):
+        pytest.exit("run ./test.sh, or set AIRLOCK_TEST_DATA_DIR to a data dir that "
+                    "scripts/prepare.sh has prepared", returncode=2)
+    srv = start_server(Path(os.environ["AIRLOCK_TEST_DATA_DIR"]))
     yield srv
     srv.stop()
 

@@ -15,6 +15,7 @@ use crate::rpc::RpcError;
 use crate::state::AgentState;
 use crate::users::User;
 use airlock_wire::envd::UploadedEntry;
+use airlock_wire::signed_url::{signature, FileOperation};
 use async_compression::tokio::bufread::{GzipDecoder, GzipEncoder};
 use async_compression::Level;
 use axum::body::Body;
@@ -23,11 +24,8 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use base64::engine::general_purpose::STANDARD_NO_PAD;
-use base64::Engine;
 use futures::TryStreamExt;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
@@ -117,47 +115,13 @@ fn is_no_space(err: &io::Error) -> bool {
 
 // ---------------------------------------------------------------- authorization
 
-#[derive(Debug, Clone, Copy)]
-enum Operation {
-    Read,
-    Write,
-}
-
-impl Operation {
-    fn as_str(self) -> &'static str {
-        match self {
-            Operation::Read => "read",
-            Operation::Write => "write",
-        }
-    }
-}
-
-/// The signature the SDK puts in signed URLs:
-/// `"v1_" + base64_nopad(sha256("{path}:{operation}:{username}:{token}[:{expiration}]"))`.
-fn signature(
-    path: &str,
-    operation: Operation,
-    username: &str,
-    token: &str,
-    expiration: Option<i64>,
-) -> String {
-    let mut text = format!("{path}:{}:{username}:{token}", operation.as_str());
-    if let Some(expiration) = expiration {
-        text = format!("{text}:{expiration}");
-    }
-    format!(
-        "v1_{}",
-        STANDARD_NO_PAD.encode(Sha256::digest(text.as_bytes()))
-    )
-}
-
 /// With a sandbox token, accepts a matching `X-Access-Token` header or else a valid, unexpired
 /// signature (envd's order: a header that is present but wrong fails outright).
 fn authorize(
     token: Option<&str>,
     headers: &HeaderMap,
     query: &FilesQuery,
-    operation: Operation,
+    operation: FileOperation,
     now: i64,
 ) -> Result<(), FilesError> {
     let Some(token) = token else {
@@ -186,7 +150,7 @@ fn authorize(
         operation,
         query.username.as_deref().unwrap_or_default(),
         token,
-        expiration,
+        query.signature_expiration.as_deref(),
     );
     if !auth::tokens_match(given.as_bytes(), expected.as_bytes()) {
         return Err(FilesError::unauthorized(auth::UNAUTHORIZED_MESSAGE));
@@ -209,7 +173,7 @@ fn admit(
     agent: &AgentState,
     uri: &Uri,
     headers: &HeaderMap,
-    operation: Operation,
+    operation: FileOperation,
 ) -> Result<(FilesQuery, User), FilesError> {
     let Query(query) = Query::<FilesQuery>::try_from_uri(uri)
         .map_err(|e| FilesError::bad_request(format!("invalid query: {e}")))?;
@@ -233,7 +197,7 @@ async fn serve_file(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response, FilesError> {
-    let (query, user) = admit(agent, uri, headers, Operation::Read)?;
+    let (query, user) = admit(agent, uri, headers, FileOperation::Read)?;
     let path = user.resolve(query.path.as_deref().unwrap_or_default())?;
     let shown = path.display();
     let md = match tokio::fs::metadata(&path).await {
@@ -416,8 +380,11 @@ type UploadReader<'a> = Pin<Box<dyn AsyncRead + Send + 'a>>;
 
 /// After a failed upload, how much more of the body is read (and dropped) so the client can
 /// finish sending and read the error. A connection closed with unread bytes is reset, and the
-/// reset would destroy the error response before the client sees it.
+/// reset would destroy the error response before the client sees it. An upload that was not
+/// even admitted gets only [`REFUSED_DRAIN`]: nobody may make the agent read a gigabyte for
+/// nothing.
 const MAX_DRAIN: u64 = 1024 * 1024 * 1024;
+const REFUSED_DRAIN: u64 = 64 * 1024;
 
 async fn upload(
     State(agent): State<AgentState>,
@@ -426,28 +393,39 @@ async fn upload(
     body: Body,
 ) -> Response {
     let mut data = body.into_data_stream();
-    match receive(&agent, &uri, &headers, &mut data).await {
+    let (result, drain) = match admit(&agent, &uri, &headers, FileOperation::Write) {
+        Ok((query, user)) => (receive(&query, &user, &headers, &mut data).await, MAX_DRAIN),
+        Err(refused) => (Err(refused), REFUSED_DRAIN),
+    };
+    match result {
         Ok(uploaded) => uploaded.into_response(),
         Err(e) => {
             let mut drained = 0u64;
-            while drained < MAX_DRAIN {
+            while drained < drain {
                 match futures::StreamExt::next(&mut data).await {
                     Some(Ok(chunk)) => drained += chunk.len() as u64,
                     _ => break,
                 }
             }
-            e.into_response()
+            let mut response = e.into_response();
+            if drained >= drain {
+                // The rest stays unread: say so, rather than leave the client guessing.
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
+            response
         }
     }
 }
 
 async fn receive(
-    agent: &AgentState,
-    uri: &Uri,
+    query: &FilesQuery,
+    user: &User,
     headers: &HeaderMap,
     data: &mut axum::body::BodyDataStream,
 ) -> Result<Json<Vec<UploadedEntry>>, FilesError> {
-    let (query, user) = admit(agent, uri, headers, Operation::Write)?;
     let gzip = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str()) {
         None => false,
         Some(Ok(v)) => match v
@@ -501,12 +479,12 @@ async fn receive(
             ));
         };
         let dest = user.resolve(path)?;
-        write_file(&dest, reader, &user, size_hint).await?;
+        write_file(&dest, reader, user, size_hint).await?;
         vec![uploaded_entry(&dest)]
     } else if media_type.starts_with("multipart/") {
         let boundary = multer::parse_boundary(content_type)
             .map_err(|e| FilesError::bad_request(format!("invalid multipart request: {e}")))?;
-        receive_parts(reader, boundary, &query, &user, size_hint).await?
+        receive_parts(reader, boundary, query, user, size_hint).await?
     } else {
         return Err(FilesError::bad_request(format!(
             "unsupported content type: {content_type}, expected multipart/form-data or application/octet-stream"
@@ -752,30 +730,11 @@ mod tests {
     }
 
     #[test]
-    fn signatures_match_the_sdk() {
-        // Expected values computed independently (Python: hashlib + base64, '=' stripped).
-        assert_eq!(
-            signature(
-                "/home/user/x",
-                Operation::Read,
-                "user",
-                "tok",
-                Some(1795323844)
-            ),
-            "v1_jXhkbR1uFuZ6Ww5vXKur3P8N2lXYLwi4kOR5G0vfPsY"
-        );
-        assert_eq!(
-            signature("a.txt", Operation::Write, "", "tok", None),
-            "v1_/GA+OwObMH6etEE0CJuj8oBdczYFCpvdP4xFwJ/WIH8"
-        );
-    }
-
-    #[test]
     fn authorization_rules() {
         let none = HeaderMap::new();
         let unsigned = query("a.txt", None, None, None);
-        assert!(authorize(None, &none, &unsigned, Operation::Read, 0).is_ok());
-        let err = authorize(Some("tok"), &none, &unsigned, Operation::Read, 0).unwrap_err();
+        assert!(authorize(None, &none, &unsigned, FileOperation::Read, 0).is_ok());
+        let err = authorize(Some("tok"), &none, &unsigned, FileOperation::Read, 0).unwrap_err();
         assert_eq!(
             (err.status, err.message.as_str()),
             (StatusCode::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE)
@@ -783,27 +742,27 @@ mod tests {
 
         let mut good = HeaderMap::new();
         good.insert("x-access-token", "tok".parse().unwrap());
-        assert!(authorize(Some("tok"), &good, &unsigned, Operation::Read, 0).is_ok());
+        assert!(authorize(Some("tok"), &good, &unsigned, FileOperation::Read, 0).is_ok());
 
-        let sig = signature("a.txt", Operation::Write, "", "tok", None);
+        let sig = signature("a.txt", FileOperation::Write, "", "tok", None);
         let signed = query("a.txt", None, Some(&sig), None);
-        assert!(authorize(Some("tok"), &none, &signed, Operation::Write, 0).is_ok());
+        assert!(authorize(Some("tok"), &none, &signed, FileOperation::Write, 0).is_ok());
         // Signed for writing, not reading; and a wrong header beats a good signature.
-        assert!(authorize(Some("tok"), &none, &signed, Operation::Read, 0).is_err());
+        assert!(authorize(Some("tok"), &none, &signed, FileOperation::Read, 0).is_err());
         let mut bad = HeaderMap::new();
         bad.insert("x-access-token", "nope".parse().unwrap());
-        assert!(authorize(Some("tok"), &bad, &signed, Operation::Write, 0).is_err());
+        assert!(authorize(Some("tok"), &bad, &signed, FileOperation::Write, 0).is_err());
 
-        let sig = signature("a.txt", Operation::Read, "root", "tok", Some(100));
+        let sig = signature("a.txt", FileOperation::Read, "root", "tok", Some("100"));
         let expiring = query("a.txt", Some("root"), Some(&sig), Some(100));
-        assert!(authorize(Some("tok"), &none, &expiring, Operation::Read, 100).is_ok());
-        let err = authorize(Some("tok"), &none, &expiring, Operation::Read, 101).unwrap_err();
+        assert!(authorize(Some("tok"), &none, &expiring, FileOperation::Read, 100).is_ok());
+        let err = authorize(Some("tok"), &none, &expiring, FileOperation::Read, 101).unwrap_err();
         assert_eq!(err.message, "signature is already expired");
         let err = authorize(
             Some("tok"),
             &none,
             &query("b.txt", Some("root"), Some(&sig), Some(100)),
-            Operation::Read,
+            FileOperation::Read,
             0,
         )
         .unwrap_err();
@@ -1030,14 +989,20 @@ mod tests {
             .unwrap();
         assert_eq!(send(&app, req).await.0, StatusCode::OK);
 
-        let sig = signature(&path, Operation::Read, "root", "tok", None);
+        let sig = signature(&path, FileOperation::Read, "root", "tok", None);
         let signed = format!("{plain}&signature={}", enc(&sig));
         let (status, _, data) =
             send(&app, Request::get(&signed).body(Body::empty()).unwrap()).await;
         assert_eq!((status, data.as_slice()), (StatusCode::OK, &b"secret"[..]));
 
         let past = unix_now() - 120;
-        let sig = signature(&path, Operation::Read, "root", "tok", Some(past));
+        let sig = signature(
+            &path,
+            FileOperation::Read,
+            "root",
+            "tok",
+            Some(&past.to_string()),
+        );
         let expired = format!(
             "{plain}&signature={}&signature_expiration={past}",
             enc(&sig)

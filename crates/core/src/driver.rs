@@ -118,6 +118,10 @@ pub trait Driver: Send + Sync + 'static {
     /// A short `[a-z0-9]` tag that changes whenever images taken before stop being restorable
     /// (a new agent binary or runtime), so cached images are keyed by it.
     fn fingerprint(&self) -> String;
+
+    /// Gives back to the host what the driver changed for sandboxes, once none runs any more
+    /// (a clean shutdown).
+    async fn shutdown(&self);
 }
 
 /// Whether `name` is a valid image name (see [`Driver::checkpoint`]).

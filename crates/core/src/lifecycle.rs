@@ -143,6 +143,8 @@ pub struct CreateParams {
 /// A running sandbox.
 pub struct Sandbox {
     record: Mutex<SandboxRecord>,
+    /// The record's access token, which never changes while the sandbox runs.
+    access_token: Option<Arc<str>>,
     pub addrs: SlotAddrs,
     slot: u32,
     /// Fired when the sandbox stops running here (killed, paused, or paused for a snapshot), so
@@ -155,6 +157,7 @@ impl Sandbox {
         Arc::new(Sandbox {
             addrs: SlotAddrs::for_slot(slot),
             slot,
+            access_token: record.access_token.as_deref().map(Arc::from),
             record: Mutex::new(record),
             stopped: CancellationToken::new(),
         })
@@ -171,8 +174,8 @@ impl Sandbox {
         self.record().id
     }
 
-    pub fn access_token(&self) -> Option<String> {
-        self.record().access_token
+    pub fn access_token(&self) -> Option<Arc<str>> {
+        self.access_token.clone()
     }
 
     /// Resolves when the sandbox stops running here (killed or paused).
@@ -629,6 +632,15 @@ impl Lifecycle {
         let not_found = || LifecycleError::SandboxNotFound(id.to_owned());
         let id = SandboxId::parse(id).map_err(|_| not_found())?;
         self.store.sandbox(&id)?.ok_or_else(not_found)
+    }
+
+    /// The running sandbox whose access token `matches` accepts, if any: one call per running
+    /// sandbox that has a token, nothing copied.
+    pub fn find_by_access_token(&self, matches: impl Fn(&str) -> bool) -> Option<Arc<Sandbox>> {
+        self.live()
+            .values()
+            .find(|s| s.access_token.as_deref().is_some_and(&matches))
+            .cloned()
     }
 
     /// Running sandboxes, oldest first.
@@ -1281,6 +1293,7 @@ impl Lifecycle {
             self.destroying.spawn(self.release(p.id, p.slot));
         }
         self.settle().await;
+        self.driver.shutdown().await;
     }
 
     /// Waits for the background destroys started so far.
@@ -1411,6 +1424,7 @@ mod tests {
         fn images(&self) -> Result<Vec<String>, DriverError> {
             Ok(self.images.lock().unwrap().iter().cloned().collect())
         }
+        async fn shutdown(&self) {}
     }
 
     struct ReadyAgent;

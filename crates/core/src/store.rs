@@ -16,6 +16,8 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("stored row for {0} is corrupt")]
     Corrupt(String),
+    #[error("creating the database file")]
+    Create(#[source] std::io::Error),
 }
 
 /// Whether a sandbox runs or sits on disk as a checkpoint image.
@@ -169,7 +171,18 @@ CREATE TABLE IF NOT EXISTS api_keys (
 ";
 
 impl Store {
+    /// Opens the database at `path`, creating it (mode 0600: it holds every sandbox's tokens)
+    /// if missing. SQLite gives its `-wal` and `-shm` files the same mode.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(StoreError::Create)?;
+        }
         let conn = Connection::open(path)?;
         // WAL lets the CLI read while the server writes; the busy timeout covers short overlaps.
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -681,6 +694,21 @@ mod tests {
         assert!(paused
             .iter()
             .all(|r| r.state == SandboxState::Paused && r.slot.is_none()));
+    }
+
+    #[test]
+    fn a_new_database_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("airlock.db");
+        let store = Store::open(&path).unwrap();
+        store
+            .add_api_key_hash("00", "a write, so the WAL exists", 1)
+            .unwrap();
+        for file in ["airlock.db", "airlock.db-wal", "airlock.db-shm"] {
+            let md = std::fs::metadata(dir.path().join(file)).unwrap();
+            assert_eq!(md.permissions().mode() & 0o777, 0o600, "{file}");
+        }
     }
 
     #[test]

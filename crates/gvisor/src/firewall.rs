@@ -75,9 +75,7 @@ impl Firewall {
     /// another and private ranges, and policies are ignored (for proving that escape probes
     /// detect a leak).
     pub(crate) fn install(enforce: bool) -> Result<Self, DriverError> {
-        let forwarding_was_on = std::fs::read_to_string(IP_FORWARD)
-            .map(|v| v.trim() == "1")
-            .unwrap_or(false);
+        let forwarding_was_on = crate::forwarding::enable()?;
         let deny = if enforce {
             let deny = deny_set(host_networks()?);
             run_nft_sync(&base_ruleset(&deny, forwarding_was_on))?;
@@ -88,10 +86,6 @@ impl Firewall {
             Vec::new()
         };
         remove_legacy_guard();
-        if !forwarding_was_on {
-            std::fs::write(IP_FORWARD, "1")
-                .map_err(DriverError::io(format!("writing {IP_FORWARD}")))?;
-        }
         Ok(Firewall {
             policies: Mutex::new(HashMap::new()),
             deny,
@@ -185,13 +179,12 @@ fn deny_set(host_nets: Vec<Ipv4Net>) -> Vec<Ipv4Net> {
         .collect()
 }
 
-const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
-
 /// The whole table, with `deny` as the platform's deny set. When the host did not forward
-/// before, it forwards only for sandboxes.
+/// before, it forwards only for sandboxes; when it did, traffic that is not a sandbox's is left
+/// to the host's own rules (`return`: this table neither accepts nor drops it).
 fn base_ruleset(deny: &[Ipv4Net], forwarding_was_on: bool) -> String {
     let deny: Vec<String> = deny.iter().map(Ipv4Net::to_string).collect();
-    let others = if forwarding_was_on { "accept" } else { "drop" };
+    let others = if forwarding_was_on { "return" } else { "drop" };
     let links = format!("\"{LINK_PREFIX}*\"");
     format!(
         "table {TABLE}\n\
@@ -425,7 +418,7 @@ mod tests {
         ] {
             assert!(rules.contains(must), "missing {must}");
         }
-        assert!(base_ruleset(&deny_set(vec![]), true).contains("iifname != \"alv*\" accept"));
+        assert!(base_ruleset(&deny_set(vec![]), true).contains("iifname != \"alv*\" return"));
     }
 
     #[test]

@@ -46,6 +46,7 @@ mod disk;
 mod dns;
 mod domain_proxy;
 mod firewall;
+mod forwarding;
 mod host_cmd;
 mod net;
 mod oci;
@@ -483,6 +484,10 @@ impl Driver for GvisorDriver {
 
     fn fingerprint(&self) -> String {
         self.fingerprint.clone()
+    }
+
+    async fn shutdown(&self) {
+        forwarding::restore();
     }
 
     async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError> {

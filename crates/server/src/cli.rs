@@ -1,7 +1,7 @@
 //! Client commands: `airlock sandbox …` talks to a running server over its API; `airlock
 //! template …` works on the local data dir.
 
-use crate::serve::DataDir;
+use crate::data_dir::DataDir;
 use airlock_core::ids::TemplateName;
 use airlock_core::store::Store;
 use airlock_wire::api::{ErrorBody, SandboxDetail};
@@ -109,7 +109,7 @@ impl Client {
     pub fn new(url: &str, api_key: Option<String>, data_dir: &Path) -> Self {
         // Same host as the server: the key it generated is in its data dir.
         let api_key = api_key.or_else(|| {
-            std::fs::read_to_string(DataDir(data_dir.to_owned()).api_key_file())
+            std::fs::read_to_string(DataDir::layout(data_dir, None).api_key_file())
                 .ok()
                 .map(|k| k.trim().to_owned())
         });
@@ -372,11 +372,10 @@ async fn exec(
     }
 }
 
-pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode, CliError> {
-    let data = DataDir(data_dir.to_owned());
+pub async fn template(cmd: TemplateCommand, data: &DataDir) -> Result<ExitCode, CliError> {
     match cmd {
         TemplateCommand::Ls => {
-            let store = open_store(&data)?;
+            let store = open_store(data)?;
             let rows: Vec<[String; 4]> = store
                 .templates()
                 .map_err(|e| CliError::Other(e.into()))?
@@ -405,12 +404,11 @@ pub async fn template(cmd: TemplateCommand, data_dir: &Path) -> Result<ExitCode,
                     "building a template needs root (debootstrap, chroot)".into(),
                 ));
             }
-            data.create().map_err(CliError::Other)?;
-            let store = open_store(&data)?;
+            let store = open_store(data)?;
             let started = std::time::Instant::now();
             let mut progress = |line: &str| println!("  {line}");
             let record =
-                airlock_core::template::build(&recipe, &data.templates(), &store, &mut progress)
+                airlock_core::template::build(&recipe, data.templates(), &store, &mut progress)
                     .await
                     .map_err(|e| CliError::Other(e.into()))?;
             println!(
@@ -433,9 +431,8 @@ fn rfc3339(unix: i64) -> String {
 
 /// `airlock key …`: works on the data dir's database directly, so it needs the server's
 /// data dir (and its permissions), not a running server.
-pub fn key(cmd: KeyCommand, data_dir: &Path) -> Result<ExitCode, CliError> {
-    let data = DataDir(data_dir.to_owned());
-    let store = open_store(&data)?;
+pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
+    let store = open_store(data)?;
     let now = airlock_core::lifecycle::now_unix();
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
     match cmd {

@@ -85,6 +85,9 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Largest request body the API reads (sandbox traffic is streamed and not capped here).
+pub const MAX_API_BODY: usize = 1024 * 1024;
+
 /// Axum's JSON extractor, but its rejections leave as `{code, message}` too.
 pub struct JsonBody<T>(pub T);
 
@@ -98,7 +101,13 @@ where
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(|e| ApiError::bad_request(format!("cannot read request body: {e}")))?;
+            .map_err(|e| match e.status() {
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                    e.status(),
+                    format!("request body too large: the API reads at most {MAX_API_BODY} bytes"),
+                ),
+                status => ApiError::new(status, format!("cannot read request body: {e}")),
+            })?;
         let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
             b"{}"
         } else {

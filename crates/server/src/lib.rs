@@ -4,7 +4,9 @@
 pub mod agent_client;
 pub mod api;
 pub mod cli;
+pub mod data_dir;
 pub mod error;
+pub mod listen;
 pub mod proxy;
 pub mod serve;
 
@@ -17,6 +19,7 @@ pub struct AppStateInner {
     pub lifecycle: Arc<Lifecycle>,
     pub store: Arc<Store>,
     pub http: proxy::HttpClient,
+    pub signers: proxy::Signers,
 }
 
 pub type AppState = Arc<AppStateInner>;

@@ -2,10 +2,11 @@
 
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::Limits;
+use airlock_server::data_dir::DataDir;
 use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -30,6 +31,10 @@ struct Cli {
         default_value = "/var/lib/airlock"
     )]
     data_dir: PathBuf,
+    /// Where template root filesystems are kept [default: templates/ in the data dir]. Built
+    /// templates are keyed by their recipe's hash, so several data dirs can share one.
+    #[arg(long, global = true, env = "AIRLOCK_TEMPLATES_DIR")]
+    templates_dir: Option<PathBuf>,
     /// The server to talk to (client commands).
     #[arg(
         long,
@@ -130,6 +135,11 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
+/// The data dir, made and checked (see `data_dir.rs`), for commands that use it directly.
+fn data_dir(root: &Path, templates: Option<&Path>) -> Result<DataDir, cli::CliError> {
+    DataDir::open(root, templates).map_err(cli::CliError::Other)
+}
+
 async fn run(cli: Cli) -> ExitCode {
     let client = || cli::Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
     let result = match cli.command {
@@ -146,6 +156,7 @@ async fn run(cli: Cli) -> ExitCode {
         } => serve::serve(serve::ServeOptions {
             listen,
             data_dir: cli.data_dir.clone(),
+            templates_dir: cli.templates_dir.clone(),
             agent_binary: agent_bin,
             insecure_open_network,
             limits: Limits {
@@ -164,8 +175,12 @@ async fn run(cli: Cli) -> ExitCode {
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
-        Command::Template(cmd) => cli::template(cmd, &cli.data_dir).await,
-        Command::Key(cmd) => cli::key(cmd, &cli.data_dir),
+        Command::Template(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
+            Ok(data) => cli::template(cmd, &data).await,
+            Err(e) => Err(e),
+        },
+        Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
+            .and_then(|data| cli::key(cmd, &data)),
         Command::Run {
             template,
             lang,

@@ -9,21 +9,20 @@
 //! hold that up. A new connection over the veth costs well under a millisecond.
 
 use crate::AppState;
+use airlock_core::ids::SandboxId;
 use airlock_core::lifecycle::Sandbox;
 use airlock_wire::api::SandboxNotFoundBody;
+use airlock_wire::signed_url::{signature, FileOperation};
 use airlock_wire::{ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::engine::general_purpose::STANDARD_NO_PAD;
-use base64::Engine;
 use bytes::Bytes;
 use http_body::Frame;
 use hyper_util::client::legacy::connect::HttpConnector;
-use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -121,7 +120,7 @@ pub async fn route_sandbox_traffic(
             Ok(sandbox) => forward(&state, sandbox, port, req).await,
             Err(_) => sandbox_not_found(&id),
         },
-        Some(Target::SignedFiles) => match signer_of(&state, req.uri()) {
+        Some(Target::SignedFiles) => match signer_of(&state, req.method(), req.uri()) {
             Some(sandbox) => forward(&state, sandbox, ENVD_PORT, req).await,
             None => crate::error::ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -177,8 +176,16 @@ fn bad_gateway(id: &str, message: &str) -> Response {
         .into_response()
 }
 
-/// The sandbox whose access token produced this URL's signature (protocol doc §3.6).
-fn signer_of(state: &AppState, uri: &Uri) -> Option<Arc<Sandbox>> {
+/// The sandbox whose access token produced this URL's signature (protocol doc §3.6). The SDK
+/// puts no sandbox id in such a URL, so the first request for a signature checks it against
+/// each running sandbox's token, one hash each (the method fixes the operation), and remembers
+/// the answer: requests for that URL after it are found in O(1).
+fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox>> {
+    let operation = match *method {
+        Method::GET | Method::HEAD => FileOperation::Read,
+        Method::POST => FileOperation::Write,
+        _ => return None,
+    };
     let query: Vec<(String, String)> = uri.query().map(url_pairs).unwrap_or_default();
     let get = |k: &str| {
         query
@@ -186,36 +193,47 @@ fn signer_of(state: &AppState, uri: &Uri) -> Option<Arc<Sandbox>> {
             .find(|(key, _)| key == k)
             .map(|(_, v)| v.as_str())
     };
-    let signature = get("signature")?;
-    let path = get("path").unwrap_or("");
-    let username = get("username").unwrap_or("");
+    let given = get("signature")?;
+    let (path, username) = (get("path").unwrap_or(""), get("username").unwrap_or(""));
     let expiration = get("signature_expiration");
-    state.lifecycle.list().into_iter().find(|sandbox| {
-        let Some(token) = sandbox.access_token() else {
-            return false;
-        };
-        ["read", "write"]
-            .iter()
-            .any(|op| sign(path, op, username, &token, expiration) == signature)
-    })
+    let signed_by = |token: &str| {
+        let expected = signature(path, operation, username, token, expiration);
+        constant_time_eq(expected.as_bytes(), given.as_bytes())
+    };
+    let remembered = state.signers.get(given);
+    if let Some(sandbox) = remembered.and_then(|id| state.lifecycle.get(id.as_str()).ok()) {
+        if sandbox.access_token().as_deref().is_some_and(signed_by) {
+            return Some(sandbox);
+        }
+    }
+    let sandbox = state.lifecycle.find_by_access_token(signed_by)?;
+    state.signers.remember(given, sandbox.id());
+    Some(sandbox)
 }
 
-pub fn sign(
-    path: &str,
-    operation: &str,
-    username: &str,
-    token: &str,
-    expiration: Option<&str>,
-) -> String {
-    let mut input = format!("{path}:{operation}:{username}:{token}");
-    if let Some(exp) = expiration {
-        input.push(':');
-        input.push_str(exp);
+/// Signatures already matched to their sandbox. Bounded: when full it starts over, which costs
+/// only a new lookup per URL.
+#[derive(Default)]
+pub struct Signers(std::sync::Mutex<std::collections::HashMap<String, SandboxId>>);
+
+impl Signers {
+    const MAX: usize = 4096;
+
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SandboxId>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
-    format!(
-        "v1_{}",
-        STANDARD_NO_PAD.encode(Sha256::digest(input.as_bytes()))
-    )
+
+    fn get(&self, signature: &str) -> Option<SandboxId> {
+        self.map().get(signature).cloned()
+    }
+
+    fn remember(&self, signature: &str, sandbox: SandboxId) {
+        let mut map = self.map();
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert(signature.to_owned(), sandbox);
+    }
 }
 
 pub fn url_pairs(query: &str) -> Vec<(String, String)> {
@@ -392,13 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn signatures_match_the_sdk_formula() {
-        // "v1_" + unpadded base64 of sha256("/a:read:user:tok"), computed independently with
-        // Python's hashlib.
-        let sig = sign("/a", "read", "user", "tok", None);
-        assert_eq!(sig, "v1_Fh5abAPjRBN6FHQ5HTJwGAHjHfzJmhV0f2EtHLgLVa0");
-        assert_ne!(sig, sign("/a", "write", "user", "tok", None));
-        assert_ne!(sig, sign("/a", "read", "user", "tok", Some("1")));
+    fn query_strings_decode() {
         assert_eq!(
             url_pairs("path=%2Fhome%2Fuser&x=a+b"),
             vec![

@@ -1,7 +1,8 @@
 //! `airlock serve`: recover state, then answer the REST API and route sandbox traffic on one port.
 
 use crate::agent_client::HttpAgentClient;
-use crate::{api, proxy, AppState, AppStateInner};
+use crate::data_dir::DataDir;
+use crate::{api, listen, proxy, AppState, AppStateInner};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits};
 use airlock_core::store::Store;
@@ -15,44 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request body the API reads (sandbox traffic is streamed and not capped here).
-const MAX_API_BODY: usize = 1024 * 1024;
-
 pub struct ServeOptions {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Where templates are kept when not in the data dir.
+    pub templates_dir: Option<PathBuf>,
     pub agent_binary: Option<PathBuf>,
     pub limits: Limits,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
-}
-
-/// The data dir's layout.
-pub struct DataDir(pub PathBuf);
-
-impl DataDir {
-    pub fn db(&self) -> PathBuf {
-        self.0.join("airlock.db")
-    }
-    pub fn templates(&self) -> PathBuf {
-        self.0.join("templates")
-    }
-    pub fn gvisor(&self) -> PathBuf {
-        self.0.join("gvisor")
-    }
-    /// Where the generated API key is kept for the CLI (root-only).
-    pub fn api_key_file(&self) -> PathBuf {
-        self.0.join("api-key")
-    }
-
-    pub fn create(&self) -> anyhow::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.0)
-            .with_context(|| format!("creating data dir {}", self.0.display()))
-    }
 }
 
 /// `airlock-agent` is shipped next to the `airlock` binary.
@@ -130,8 +102,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             "airlock serve must run as root: sandboxes need network namespaces, mounts and runsc"
         );
     }
-    let data = DataDir(opts.data_dir.clone());
-    data.create()?;
+    raise_open_files_limit();
+    let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
     let key = ensure_api_key(&store, &data)?;
     let agent_binary = find_agent(opts.agent_binary)?;
@@ -168,12 +140,15 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         lifecycle: lifecycle.clone(),
         store,
         http,
+        signers: proxy::Signers::default(),
     });
     let app = Router::new()
         .route("/health", get(|| async { (StatusCode::OK, "ok") }))
         .merge(api::routes(state.clone()))
         .fallback(|| async { crate::error::ApiError::not_found("no such route") })
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_API_BODY))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            crate::error::MAX_API_BODY,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_sandbox_traffic,
@@ -207,29 +182,39 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // On a signal, kill every sandbox first: that cuts their open streams, which graceful
     // shutdown would otherwise wait on forever. The pool filler stops first, so it cannot add
     // a sandbox behind the shutdown's back.
-    let draining = lifecycle.clone();
-    let background_stop = stop.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            wait_for_signal().await;
-            println!("Shutting down: killing all running sandboxes (paused ones stay on disk)");
-            background_stop.cancel();
-            let drained = async {
-                let _ = pools.await;
-                draining.shutdown().await;
-            };
-            if tokio::time::timeout(Duration::from_secs(60), drained)
-                .await
-                .is_err()
-            {
-                tracing::error!("sandboxes did not stop within 60s");
-            }
-        })
-        .await
-        .context("serving")?;
-    stop.cancel();
+    let drain = async {
+        println!("Shutting down: killing all running sandboxes (paused ones stay on disk)");
+        stop.cancel();
+        let drained = async {
+            let _ = pools.await;
+            lifecycle.shutdown().await;
+        };
+        if tokio::time::timeout(Duration::from_secs(60), drained)
+            .await
+            .is_err()
+        {
+            tracing::error!("sandboxes did not stop within 60s");
+        }
+    };
+    listen::serve(listener, app, wait_for_signal(), drain).await;
     let _ = reaper.await;
     Ok(())
+}
+
+/// Every connection, proxied stream and sandbox costs file descriptors; the usual soft limit
+/// of 1024 would run out long before [`listen::MAX_CONNECTIONS`]. Raised to the hard limit.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= hard {
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => tracing::info!(from = soft, to = hard, "raised the open files limit"),
+        Err(e) => tracing::warn!(limit = soft, error = %e, "could not raise the open files limit"),
+    }
 }
 
 async fn wait_for_signal() {

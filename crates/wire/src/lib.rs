@@ -8,6 +8,7 @@ pub mod api;
 pub mod connect;
 pub mod envd;
 pub mod json;
+pub mod signed_url;
 
 /// The envd version the agent reports. The SDK gates features on it (protocol doc §3.8); this is
 /// the highest version whose features the agent implements.
