@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Airlock needs on a Debian 12 host: gVisor's runsc (from bookworm-backports),
 # debootstrap for template rootfs builds, npm (to fetch Deno for the code interpreter),
-# iproute2 and nftables for per-sandbox networking, e2fsprogs for per-sandbox disks, and a
+# iproute2, nftables and conntrack for per-sandbox networking, e2fsprogs for per-sandbox disks, and a
 # Python venv with the pinned e2b SDK for the demo and the integration tests.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
@@ -55,7 +55,7 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 add_backports
-apt_install debootstrap iproute2 nftables e2fsprogs util-linux ca-certificates python3-venv curl
+apt_install debootstrap iproute2 nftables conntrack e2fsprogs util-linux ca-certificates python3-venv curl
 # npm fetches Deno (the code interpreter's JavaScript kernel) from the npm registry at build time.
 command -v npm >/dev/null || apt_install npm
 if ! command -v runsc >/dev/null; then

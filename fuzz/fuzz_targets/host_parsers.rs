@@ -1,26 +1,33 @@
-//! The parsers the server runs on bytes a sandbox chose, on the host: the DNS forwarder's query
-//! and answer readers (`airlock_gvisor::parsers::{parse_query, error_reply, answer_addrs}`), the
-//! domain proxy's SNI / HTTP `Host` reader (`server_name`), and domain-rule matching.
+//! The parsers that read bytes a sandbox chose, in `airlock-netd`: the DNS forwarder's query and
+//! answer readers and its public-name rule, the domain proxy's first-bytes classifier and its
+//! HTTP/1 request follower, and domain-rule matching.
 //!
 //! Input: byte 0 picks a split point, the rest is one message (or a connection's first bytes).
 //!
 //! Checked:
 //! * no parser panics;
 //! * a refusal keeps the query's id, sets QR, and echoes the query's question;
-//! * a name the proxy reads is non-empty, lower-case and made of DNS name characters only;
-//! * the proxy's decision is final: once a prefix of the bytes gives a name (or "no name"), the
-//!   whole input gives the same answer, so reading more can never change what was allowed;
+//! * a query's question is what a reply must echo, and a refusal echoes exactly that;
+//! * the classifier's decision is final: once a prefix of the bytes gives an answer, the whole
+//!   input gives the same one, so reading more can never change what was allowed;
+//! * a TLS server name is non-empty, lower-case and made of DNS name characters only;
+//! * the HTTP follower lets through the same bytes and names whether the input comes whole or
+//!   in two pieces, and nothing after a refusal; every name it lets through was allowed;
 //! * domain rules match any string without panicking, and a matching name ends with the rule.
 #![no_main]
 
 use airlock_core::egress::DomainPattern;
-use airlock_gvisor::parsers::{answer_addrs, error_reply, parse_query, server_name, Peek};
+use airlock_netd::dns::message::{answer_addrs, answers, error_reply, parse_query};
+use airlock_netd::dns::names::is_public;
+use airlock_netd::proxy::http1::Requests;
+use airlock_netd::proxy::peek::{classify, First};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&split, msg)) = data.split_first() else {
         return;
     };
+    let cut = usize::from(split) * msg.len() / 255;
 
     // DNS.
     match parse_query(msg) {
@@ -29,9 +36,11 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(&reply[..2], &query.id.to_be_bytes());
             assert_eq!(reply[2] & 0x80, 0x80, "a reply");
             assert_eq!(reply[3] & 0x0f, 5);
-            assert_eq!(&reply[12..], &msg[12..reply.len()], "the question, echoed");
+            assert_eq!(&reply[12..], query.question(msg), "the question, echoed");
+            assert!(answers(&reply, query.id, query.question(msg)));
             assert!(!query.name.contains(|c: char| c.is_ascii_uppercase()));
             let _ = answer_addrs(msg, query.id);
+            let _ = is_public(&query.name, &["corp.example".to_string()]);
         }
         None => assert_eq!(error_reply(msg, None, 1).len(), 12),
     }
@@ -39,18 +48,37 @@ fuzz_target!(|data: &[u8]| {
         let _ = answer_addrs(msg, u16::from_be_bytes([msg[0], msg[1]]));
     }
 
-    // The domain proxy's reader.
-    let whole = server_name(msg);
-    if let Peek::Name(name) = &whole {
+    // The proxy's first look.
+    let whole = classify(msg);
+    if let First::Tls(name) = &whole {
         assert!(!name.is_empty());
         assert!(name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b)));
     }
-    let cut = usize::from(split) * msg.len() / 255;
-    match server_name(&msg[..cut]) {
-        Peek::NeedMore => {}
+    match classify(&msg[..cut]) {
+        First::NeedMore => {}
         early => assert_eq!(early, whole, "a decision made on {cut} bytes changed"),
+    }
+
+    // The proxy's HTTP follower, whole and in two pieces.
+    let allowed = |name: &str| name == "allowed.example" || name.ends_with(".example");
+    let at_once = Requests::default().feed(msg, &allowed);
+    let mut pieces = Requests::default();
+    let in_two = pieces.feed(&msg[..cut], &allowed).and_then(|mut first| {
+        let second = pieces.feed(&msg[cut..], &allowed)?;
+        first.bytes.extend(second.bytes);
+        first.names.extend(second.names);
+        Ok(first)
+    });
+    match (&at_once, &in_two) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "the reads' boundaries changed what passed"),
+        (Err(_), Err(_)) => {}
+        _ => panic!("whole {at_once:?}, in two {in_two:?}"),
+    }
+    if let Ok(passed) = &at_once {
+        assert!(passed.names.iter().all(|n| allowed(n)));
+        assert!(msg.starts_with(&passed.bytes), "only a prefix passes, unchanged");
     }
 
     // Domain rules against whatever name a sandbox may send.

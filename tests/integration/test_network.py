@@ -1,6 +1,7 @@
 """Outbound network policy, enforced on the host: internet by default, never private ranges;
-`allow_internet_access=False`; `allowOut` domains matched by DNS answers, TLS SNI and HTTP Host on
-any port; `allowOut`/`denyOut` networks; and clear errors for rules that make no sense.
+`allow_internet_access=False`; `allowOut` domains matched by TLS SNI and by the HTTP Host of every
+request, on any port, and DNS answers only for protocols that name nothing; public names only;
+`allowOut`/`denyOut` networks; and clear errors for rules that make no sense.
 
 The public target is pypi.org, which every machine that runs this suite reaches (it installs the
 SDK from there). On ours it also serves TLS on 8443 and HTTP on 8080, which is how "any port" is
@@ -155,7 +156,7 @@ def test_no_internet_access_blocks_everything_including_dns(sandbox_factory, tar
     assert sbx.commands.run("echo alive").stdout == "alive\n", "only the network is off"
 
 
-def test_allowed_domains_match_sni_host_and_dns_answers_on_any_port(sandbox_factory, target):
+def test_allowed_domains_are_matched_by_sni_and_host_on_any_port(sandbox_factory, target):
     if not host_reaches(target, 8443, NAME) or not host_reaches(target, 8080):
         pytest.skip(f"{NAME} serves no TLS on 8443 or HTTP on 8080 here")
     sbx = sandbox_factory(network={"allow_out": [NAME], "deny_out": [ALL_TRAFFIC]})
@@ -175,11 +176,73 @@ def test_allowed_domains_match_sni_host_and_dns_answers_on_any_port(sandbox_fact
     assert got[3] == HTTP, "HTTP naming an allowed domain, on 8080"
     assert got[4].startswith("blocked"), "HTTP naming another domain"
     assert got[5].startswith("blocked"), "bytes that name nothing"
-    # DNS answers only allowed names, and opens their addresses to any protocol.
-    got = probe(sbx, f"resolve({OTHER!r})", f"resolve({NAME!r})", f"raw({target!r}, 8080, {GARBAGE!r})")
+    # DNS answers only allowed names. An answer opens its addresses to protocols that name
+    # nothing, but never to a TLS or HTTP connection naming another site at the same address:
+    # every registry here shares one address, as sites behind a CDN do.
+    got = probe(
+        sbx,
+        f"resolve({OTHER!r})",
+        f"resolve({NAME!r})",
+        f"raw({target!r}, 8080, {GARBAGE!r})",
+        f"tls({target!r}, 443, {OTHER!r})",
+        f"raw({target!r}, 8080, {http_get(OTHER)!r})",
+        f"tls({target!r}, 443, {NAME!r})",
+    )
     assert got[0].startswith("blocked"), "names outside allowOut do not resolve"
     assert got[1] == target
-    assert got[2] == HTTP, "the resolved address is open on any port, to any bytes"
+    assert got[2] == HTTP, "the resolved address takes a protocol that names nothing"
+    assert got[3].startswith("blocked"), "TLS naming another site at the shared address"
+    assert got[4].startswith("blocked"), "HTTP naming another site at the shared address"
+    assert got[5] == HTTP, "the control: the allowed name still works"
+    # What a user would try: curl pinning another registry's name to the shared address.
+    curl = "curl -s -o /dev/null -w '%{http_code}' --max-time 10 "
+    pinned = sbx.commands.run(f"{curl} --resolve {OTHER}:443:{target} https://{OTHER}/ || true")
+    allowed = sbx.commands.run(f"{curl} https://{NAME}/ || true")
+    assert allowed.stdout.strip() not in ("", "000"), "the control: curl reaches the allowed name"
+    assert pinned.stdout.strip() in ("", "000"), pinned.stdout
+
+
+KEPT_ALIVE = r'''
+import json, socket
+def exchange(second_host):
+    """Two HEAD requests on one kept-alive connection; the status of each, or how it ended."""
+    s = socket.create_connection((TARGET, 8080), timeout=8)
+    def ask(host):
+        s.sendall(f"HEAD / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(4096)
+            if not chunk:
+                return "closed"
+            head += chunk
+        return head.split(b" ")[1].decode()
+    try:
+        return [ask(NAME), ask(second_host)]
+    except OSError as e:
+        return ["error", type(e).__name__]
+print(json.dumps([exchange(NAME), exchange(OTHER)]))
+'''
+
+
+def test_every_request_of_a_kept_alive_connection_is_checked(sandbox_factory, target):
+    if not host_reaches(target, 8080):
+        pytest.skip(f"{NAME} serves no HTTP on 8080 here")
+    sbx = sandbox_factory(network={"allow_out": [NAME], "deny_out": [ALL_TRAFFIC]})
+    code = f"TARGET, NAME, OTHER = {target!r}, {NAME!r}, {OTHER!r}\n" + KEPT_ALIVE
+    same, other = json.loads(sbx.commands.run(f"python3 - <<'EOF'\n{code}\nEOF", timeout=60).stdout)
+    assert same[0] == same[1] and same[0].isdigit(), f"the control: two requests for {NAME}: {same}"
+    assert other[0] == same[0], "the first request is let through"
+    assert other[1] in ("closed", "ConnectionResetError"), f"the second, for {OTHER}: {other}"
+
+
+def test_sandboxes_resolve_only_public_names(sandbox, target):
+    search = [w for line in open("/etc/resolv.conf") for w in line.split()[1:]
+              if line.split()[:1] in (["search"], ["domain"])]
+    internal = ["intranet", "printer.local", "db.internal", "router.home.arpa",
+                "1.0.0.10.in-addr.arpa", *(f"host.{d}" for d in search)]
+    got = probe(sandbox, f"resolve({NAME!r})", *(f"resolve({n!r})" for n in internal))
+    assert got[0] == target, "the control: public names resolve"
+    assert all(r.startswith("blocked") for r in got[1:]), list(zip(internal, got[1:]))
 
 
 def test_allowed_and_denied_networks(sandbox_factory, target):

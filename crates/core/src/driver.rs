@@ -14,8 +14,6 @@ pub struct LaunchSpec {
     pub id: SandboxId,
     /// Read-only template root filesystem; the sandbox gets its own writable layer over it.
     pub rootfs: PathBuf,
-    /// Network slot: a small integer, unique among live sandboxes, that fixes the addresses.
-    pub slot: u32,
     pub resources: Resources,
     /// Outbound network policy, in force before the sandbox's first instruction.
     pub egress: Egress,
@@ -29,27 +27,14 @@ pub struct Resources {
     pub disk_mb: u32,
 }
 
-/// The addresses that belong to a network slot.
+/// Where a started sandbox lives: the driver's handle for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotAddrs {
-    /// The host's end of the link (the sandbox's default gateway).
-    pub host: Ipv4Addr,
-    /// The sandbox's own address; the agent listens here.
-    pub sandbox: Ipv4Addr,
-}
-
-impl SlotAddrs {
-    /// Slots map onto /30 links inside 10.77.0.0/16: slot `s` owns `10.77.0.0 + 4s`.
-    pub const MAX_SLOTS: u32 = 1 << 14;
-
-    pub fn for_slot(slot: u32) -> Self {
-        assert!(slot < Self::MAX_SLOTS, "slot {slot} out of range");
-        let base = u32::from(Ipv4Addr::new(10, 77, 0, 0)) + slot * 4;
-        SlotAddrs {
-            host: Ipv4Addr::from(base + 1),
-            sandbox: Ipv4Addr::from(base + 2),
-        }
-    }
+pub struct Placement {
+    /// The driver's name for the sandbox's place on the host network. Recorded, so that a
+    /// restarted server can adopt the sandbox, and handed back to every call about it.
+    pub slot: u32,
+    /// Where its agent answers.
+    pub agent: Ipv4Addr,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,9 +61,9 @@ impl DriverError {
 
 #[async_trait::async_trait]
 pub trait Driver: Send + Sync + 'static {
-    /// Starts the sandbox with the agent as its first process. Returns once the sandbox runs;
-    /// the caller waits for the agent to answer.
-    async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError>;
+    /// Starts the sandbox with the agent as its first process, in a place on the network the
+    /// driver chooses. Returns once the sandbox runs; the caller waits for the agent to answer.
+    async fn launch(&self, spec: &LaunchSpec) -> Result<Placement, DriverError>;
 
     /// Replaces the outbound network policy of the sandbox in `slot` (launches and restores
     /// apply [`LaunchSpec::egress`] themselves; this is for one already running).
@@ -88,8 +73,9 @@ pub trait Driver: Send + Sync + 'static {
     /// devices, files). Succeeds if the sandbox is already gone.
     async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError>;
 
-    /// Whether the sandbox's runtime still runs (used to adopt sandboxes after a restart).
-    async fn is_running(&self, id: &SandboxId) -> bool;
+    /// After a restart: takes back the sandbox recorded in `slot` if its runtime still runs
+    /// (its policy was put in force when the driver started), and says where it is.
+    async fn adopt(&self, id: &SandboxId, slot: u32) -> Option<Placement>;
 
     /// Removes every host resource that looks like this driver's but belongs to no id in `keep`
     /// (left over by a crashed server). Images are not touched.
@@ -104,7 +90,7 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Starts a sandbox from an image instead of booting it: its processes carry on where the
     /// checkpoint left them. `spec.rootfs` must be the rootfs the image was taken over.
-    async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<(), DriverError>;
+    async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<Placement, DriverError>;
 
     /// Whether the image exists.
     fn has_image(&self, image: &str) -> bool;
@@ -131,20 +117,4 @@ pub fn valid_image_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_do_not_overlap() {
-        let a = SlotAddrs::for_slot(0);
-        let b = SlotAddrs::for_slot(1);
-        assert_eq!(a.host, Ipv4Addr::new(10, 77, 0, 1));
-        assert_eq!(a.sandbox, Ipv4Addr::new(10, 77, 0, 2));
-        assert_eq!(b.host, Ipv4Addr::new(10, 77, 0, 5));
-        let last = SlotAddrs::for_slot(SlotAddrs::MAX_SLOTS - 1);
-        assert_eq!(last.sandbox, Ipv4Addr::new(10, 77, 255, 254));
-    }
 }

@@ -3,7 +3,8 @@
 //! Nothing here speaks HTTP; the server binary wraps it.
 
 pub mod driver;
-pub mod egress;
+/// Outbound network policies (a wire type: the network services process reads them too).
+pub use airlock_wire::egress;
 pub mod ids;
 pub mod lifecycle;
 pub mod store;

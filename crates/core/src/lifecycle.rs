@@ -13,7 +13,7 @@
 //! share one memory image, so the agent reseeds what a restore copies (hostname, and the
 //! interpreter's random generators) when `/init` gives it a new hostname.
 
-use crate::driver::{Driver, DriverError, LaunchSpec, Resources, SlotAddrs};
+use crate::driver::{Driver, DriverError, LaunchSpec, Placement, Resources};
 use crate::egress::Egress;
 use crate::ids::{random_token, SandboxId, TemplateName};
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, Store, StoreError};
@@ -145,18 +145,16 @@ pub struct Sandbox {
     record: Mutex<SandboxRecord>,
     /// The record's access token, which never changes while the sandbox runs.
     access_token: Option<Arc<str>>,
-    pub addrs: SlotAddrs,
-    slot: u32,
+    placement: Placement,
     /// Fired when the sandbox stops running here (killed, paused, or paused for a snapshot), so
     /// open proxied streams are cut.
     stopped: CancellationToken,
 }
 
 impl Sandbox {
-    fn new(record: SandboxRecord, slot: u32) -> Arc<Self> {
+    fn new(record: SandboxRecord, placement: Placement) -> Arc<Self> {
         Arc::new(Sandbox {
-            addrs: SlotAddrs::for_slot(slot),
-            slot,
+            placement,
             access_token: record.access_token.as_deref().map(Arc::from),
             record: Mutex::new(record),
             stopped: CancellationToken::new(),
@@ -168,6 +166,11 @@ impl Sandbox {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Where its agent answers.
+    pub fn agent(&self) -> Ipv4Addr {
+        self.placement.agent
     }
 
     pub fn id(&self) -> SandboxId {
@@ -187,7 +190,7 @@ impl Sandbox {
 /// A sandbox that runs and whose agent answers, but that no user owns yet.
 struct Started {
     id: SandboxId,
-    slot: u32,
+    placement: Placement,
     rootfs: PathBuf,
     /// The access token its agent holds (restored from a snapshot: the source's).
     token: Option<String>,
@@ -214,8 +217,6 @@ pub struct Lifecycle {
     pools: Mutex<HashMap<TemplateName, Pool>>,
     /// Wakes the pool filler (a pooled sandbox was taken).
     refill: Notify,
-    /// Slots handed out, including those of sandboxes still starting or being destroyed.
-    slots: Arc<Mutex<Slots>>,
     /// Destroys and auto-pauses running in the background (a kill answers before the host
     /// cleanup is done).
     destroying: TaskTracker,
@@ -278,7 +279,6 @@ impl Lifecycle {
             busy: Mutex::new(HashSet::new()),
             pools: Mutex::new(HashMap::new()),
             refill: Notify::new(),
-            slots: Arc::new(Mutex::new(Slots::default())),
             destroying: TaskTracker::new(),
         })
     }
@@ -324,29 +324,6 @@ impl Lifecycle {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(id)
-    }
-
-    /// Hands out slots round-robin: an address comes back only after every other slot was used.
-    /// A dead sandbox's netstack never closes the connections that were open to it, so clients
-    /// must not find a new sandbox at a recently used address.
-    fn take_slot(&self) -> Result<u32, LifecycleError> {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let total = SlotAddrs::MAX_SLOTS as usize;
-        let start = slots.next;
-        let slot = (0..total)
-            .map(|i| (start + i) % total)
-            .find(|&s| !slots.used.get(s).copied().unwrap_or(false))
-            .ok_or(LifecycleError::Capacity(total))?;
-        if slots.used.len() <= slot {
-            slots.used.resize(slot + 1, false);
-        }
-        slots.used[slot] = true;
-        slots.next = (slot + 1) % total;
-        Ok(slot as u32)
-    }
-
-    fn mark_slot(&self, slot: u32, used: bool) {
-        mark_slot(&self.slots, slot, used);
     }
 
     fn clamp_timeout(&self, timeout: Option<Duration>) -> Result<Duration, LifecycleError> {
@@ -466,7 +443,8 @@ impl Lifecycle {
         self.refill.notify_one();
         if pooled.rootfs != template.rootfs {
             // Restored before the template was rebuilt.
-            self.destroying.spawn(self.release(pooled.id, pooled.slot));
+            self.destroying
+                .spawn(self.release(pooled.id, pooled.placement.slot));
             return None;
         }
         Some(pooled)
@@ -479,18 +457,16 @@ impl Lifecycle {
         image: Option<&str>,
         (resources, egress): (Resources, Egress),
     ) -> Result<Started, LifecycleError> {
-        let slot = self.take_slot()?;
         let spec = LaunchSpec {
             id: SandboxId::generate(),
             rootfs: rootfs.to_owned(),
-            slot,
             resources,
             egress,
         };
-        self.bring_up(&spec, image).await?;
+        let placement = self.bring_up(&spec, image).await?;
         Ok(Started {
             id: spec.id,
-            slot,
+            placement,
             rootfs: spec.rootfs,
             token: None,
             egress: spec.egress,
@@ -503,27 +479,26 @@ impl Lifecycle {
     }
 
     /// Boots the sandbox, or restores it from `image`, and waits for its agent; on failure
-    /// whatever was started is destroyed and the slot freed.
-    async fn bring_up(&self, spec: &LaunchSpec, image: Option<&str>) -> Result<(), LifecycleError> {
-        let started = match image {
+    /// whatever was started is destroyed (a failed launch cleans up after itself).
+    async fn bring_up(
+        &self,
+        spec: &LaunchSpec,
+        image: Option<&str>,
+    ) -> Result<Placement, LifecycleError> {
+        let placement = match image {
             Some(image) => self.driver.restore(spec, image).await,
             None => self.driver.launch(spec).await,
-        };
-        let result = match started {
-            Ok(()) => self
-                .agent
-                .wait_ready(
-                    SlotAddrs::for_slot(spec.slot).sandbox,
-                    self.limits.agent_start_timeout,
-                )
-                .await
-                .map_err(LifecycleError::Agent),
-            Err(e) => Err(LifecycleError::Driver(e)),
-        };
-        if result.is_err() {
-            self.release(spec.id.clone(), spec.slot).await;
         }
-        result
+        .map_err(LifecycleError::Driver)?;
+        let ready = self
+            .agent
+            .wait_ready(placement.agent, self.limits.agent_start_timeout)
+            .await;
+        if let Err(e) = ready {
+            self.release(spec.id.clone(), placement.slot).await;
+            return Err(LifecycleError::Agent(e));
+        }
+        Ok(placement)
     }
 
     /// Makes a started sandbox the caller's: records it and hands its agent its identity.
@@ -536,8 +511,12 @@ impl Lifecycle {
         timeout: Duration,
     ) -> Result<Arc<Sandbox>, LifecycleError> {
         if started.egress != params.egress {
-            if let Err(e) = self.driver.set_egress(started.slot, &params.egress).await {
-                self.release(started.id, started.slot).await;
+            if let Err(e) = self
+                .driver
+                .set_egress(started.placement.slot, &params.egress)
+                .await
+            {
+                self.release(started.id, started.placement.slot).await;
                 return Err(LifecycleError::Driver(e));
             }
         }
@@ -547,7 +526,7 @@ impl Lifecycle {
             template,
             rootfs: started.rootfs,
             state: SandboxState::Running,
-            slot: Some(started.slot),
+            slot: Some(started.placement.slot),
             access_token: params.secure.then(|| random_token(32)),
             metadata: params.metadata,
             env_vars: params.env_vars,
@@ -564,7 +543,7 @@ impl Lifecycle {
             require_traffic_token: params.require_traffic_token,
         };
         if let Err(e) = self.store.insert_sandbox(&record) {
-            self.release(started.id, started.slot).await;
+            self.release(started.id, started.placement.slot).await;
             return Err(e.into());
         }
         let init = InitRequest {
@@ -575,28 +554,28 @@ impl Lifecycle {
             default_workdir: None,
             hostname: Some(record.id.to_string()),
         };
-        let addr = SlotAddrs::for_slot(started.slot).sandbox;
+        let addr = started.placement.agent;
         if let Err(e) = self.agent.init(addr, started.token.as_deref(), &init).await {
-            self.discard(&record.id, started.slot).await;
+            self.discard(&record.id, started.placement.slot).await;
             return Err(LifecycleError::Agent(e));
         }
-        let sandbox = Sandbox::new(record.clone(), started.slot);
+        let sandbox = Sandbox::new(record.clone(), started.placement);
         self.live().insert(record.id, sandbox.clone());
         Ok(sandbox)
     }
 
-    /// Destroys what a sandbox holds on the host and frees its slot; its row (if any) stays.
+    /// Destroys what a sandbox holds on the host (the driver frees its slot); its row (if any)
+    /// stays.
     fn release(
         &self,
         id: SandboxId,
         slot: u32,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (driver, slots) = (self.driver.clone(), self.slots.clone());
+        let driver = self.driver.clone();
         async move {
             if let Err(e) = driver.destroy(&id, slot).await {
                 tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
             }
-            mark_slot(&slots, slot, false);
         }
     }
 
@@ -676,7 +655,8 @@ impl Lifecycle {
         }
         if let Some(sandbox) = self.live().remove(&parsed) {
             sandbox.stopped.cancel();
-            self.destroying.spawn(self.discard(&parsed, sandbox.slot));
+            self.destroying
+                .spawn(self.discard(&parsed, sandbox.placement.slot));
             return Ok(());
         }
         match self.store.sandbox(&parsed)? {
@@ -706,7 +686,7 @@ impl Lifecycle {
         match self.get(id) {
             Ok(sandbox) => {
                 self.driver
-                    .set_egress(sandbox.slot, &egress)
+                    .set_egress(sandbox.placement.slot, &egress)
                     .await
                     .map_err(LifecycleError::Driver)?;
                 let mut record = sandbox.record.lock().unwrap_or_else(|e| e.into_inner());
@@ -756,7 +736,7 @@ impl Lifecycle {
         sandbox.stopped.cancel();
         let (result, gone) = f(sandbox.clone()).await;
         if !gone {
-            let back = Sandbox::new(sandbox.record(), sandbox.slot);
+            let back = Sandbox::new(sandbox.record(), sandbox.placement);
             self.live().insert(parsed, back);
         }
         result
@@ -775,7 +755,7 @@ impl Lifecycle {
         self.out_of_service(id, |sandbox| async move {
             let record = sandbox.record();
             let image = paused_image(&record.id);
-            if let Err(e) = self.driver.checkpoint(&record.id, sandbox.slot, &image).await {
+            if let Err(e) = self.driver.checkpoint(&record.id, sandbox.placement.slot, &image).await {
                 tracing::warn!(sandbox = %record.id, error = %e, "pause failed; sandbox keeps running");
                 return (Err(self.checkpoint_error(e)), false);
             }
@@ -787,7 +767,7 @@ impl Lifecycle {
                 return (Err(e.into()), false);
             }
             // Waited for, not backgrounded: a resume right after must find the id free.
-            self.release(record.id.clone(), sandbox.slot).await;
+            self.release(record.id.clone(), sandbox.placement.slot).await;
             tracing::info!(sandbox = %record.id, "paused");
             (Ok(()), true)
         })
@@ -812,19 +792,21 @@ impl Lifecycle {
         if self.live().len() >= self.limits.max_sandboxes {
             return Err(LifecycleError::Capacity(self.limits.max_sandboxes));
         }
-        let slot = self.take_slot()?;
         let spec = LaunchSpec {
             id: record.id.clone(),
             rootfs: record.rootfs.clone(),
-            slot,
             resources: record.resources,
             egress: record.egress.clone(),
         };
         let image = paused_image(&record.id);
-        if let Err(e) = self.bring_up(&spec, Some(&image)).await {
-            tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
-            return Err(e);
-        }
+        let placement = match self.bring_up(&spec, Some(&image)).await {
+            Ok(placement) => placement,
+            Err(e) => {
+                tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
+                return Err(e);
+            }
+        };
+        let slot = placement.slot;
         record.state = SandboxState::Running;
         record.slot = Some(slot);
         record.end_at = now_unix() + timeout.as_secs() as i64;
@@ -839,7 +821,7 @@ impl Lifecycle {
         if let Err(e) = self.driver.delete_image(&image).await {
             tracing::warn!(sandbox = %record.id, error = %e, "deleting the resumed image failed");
         }
-        let sandbox = Sandbox::new(record.clone(), slot);
+        let sandbox = Sandbox::new(record.clone(), placement);
         self.live().insert(record.id.clone(), sandbox.clone());
         tracing::info!(sandbox = %record.id, "resumed");
         Ok(sandbox)
@@ -906,7 +888,7 @@ impl Lifecycle {
             let image = snapshot_image(&owner, &snapshot_id);
             if let Err(e) = self
                 .driver
-                .checkpoint(&record.id, sandbox.slot, &image)
+                .checkpoint(&record.id, sandbox.placement.slot, &image)
                 .await
             {
                 return (Err(self.checkpoint_error(e)), false);
@@ -1094,7 +1076,7 @@ impl Lifecycle {
         let started = self
             .start(&template.rootfs, None, self.default_launch())
             .await?;
-        let addr = SlotAddrs::for_slot(started.slot).sandbox;
+        let addr = started.placement.agent;
         let init = InitRequest {
             default_user: Some("user".into()),
             ..Default::default()
@@ -1109,12 +1091,12 @@ impl Lifecycle {
                 .await
                 .map_err(LifecycleError::Agent)?;
             self.driver
-                .checkpoint(&started.id, started.slot, image)
+                .checkpoint(&started.id, started.placement.slot, image)
                 .await
                 .map_err(|e| self.checkpoint_error(e))
         }
         .await;
-        self.release(started.id, started.slot).await;
+        self.release(started.id, started.placement.slot).await;
         if result.is_ok() {
             tracing::info!(template = %template.name, image, elapsed = ?started_at.elapsed(), "golden image ready");
         }
@@ -1152,11 +1134,11 @@ impl Lifecycle {
                         hostname: Some(started.id.to_string()),
                         ..Default::default()
                     };
-                    let addr = SlotAddrs::for_slot(started.slot).sandbox;
+                    let addr = started.placement.agent;
                     match self.agent.init(addr, None, &init).await {
                         Ok(()) => Ok(started),
                         Err(e) => {
-                            self.release(started.id, started.slot).await;
+                            self.release(started.id, started.placement.slot).await;
                             Err(LifecycleError::Agent(e))
                         }
                     }
@@ -1219,20 +1201,18 @@ impl Lifecycle {
                     continue;
                 }
             };
-            self.mark_slot(slot, true);
-            let addr = SlotAddrs::for_slot(slot).sandbox;
-            let alive = self.driver.is_running(&record.id).await
-                && self
+            // Its policy has been in force since the driver started (`adoptable_policies`).
+            let placement = match self.driver.adopt(&record.id, slot).await {
+                Some(placement) => self
                     .agent
-                    .wait_ready(addr, Duration::from_secs(2))
+                    .wait_ready(placement.agent, Duration::from_secs(2))
                     .await
-                    .is_ok();
-            // The driver's firewall starts empty: an adopted sandbox gets its policy back first.
-            let alive = alive
-                && (record.egress.is_open()
-                    || self.driver.set_egress(slot, &record.egress).await.is_ok());
-            if alive && record.end_at > now_unix() {
-                let sandbox = Sandbox::new(record.clone(), slot);
+                    .ok()
+                    .map(|()| placement),
+                None => None,
+            };
+            if let Some(placement) = placement.filter(|_| record.end_at > now_unix()) {
+                let sandbox = Sandbox::new(record.clone(), placement);
                 self.live().insert(record.id.clone(), sandbox);
                 report.adopted.push(record.id);
             } else {
@@ -1240,7 +1220,11 @@ impl Lifecycle {
                 report.removed.push(record.id);
             }
         }
-        let keep: Vec<(SandboxId, u32)> = self.list().iter().map(|s| (s.id(), s.slot)).collect();
+        let keep: Vec<(SandboxId, u32)> = self
+            .list()
+            .iter()
+            .map(|s| (s.id(), s.placement.slot))
+            .collect();
         // Best effort: what cannot be removed now is tried again at the next start, and must not
         // keep the server from serving.
         if let Err(e) = self.driver.sweep_orphans(&keep).await {
@@ -1290,7 +1274,7 @@ impl Lifecycle {
             .flat_map(|p| p.ready.drain(..))
             .collect();
         for p in pooled {
-            self.destroying.spawn(self.release(p.id, p.slot));
+            self.destroying.spawn(self.release(p.id, p.placement.slot));
         }
         self.settle().await;
         self.driver.shutdown().await;
@@ -1317,20 +1301,15 @@ fn available_memory_mb() -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Which network slots are taken, and where the round-robin search goes on.
-#[derive(Default)]
-struct Slots {
-    used: Vec<bool>,
-    next: usize,
-}
-
-fn mark_slot(slots: &Mutex<Slots>, slot: u32, used: bool) {
-    let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
-    let i = slot as usize;
-    if slots.used.len() <= i {
-        slots.used.resize(i + 1, false);
-    }
-    slots.used[i] = used;
+/// The slots and policies of the sandboxes a restart will try to adopt: the driver puts them
+/// in force when it starts, before anything else runs, so no sandbox is ever unconfined.
+pub fn adoptable_policies(store: &Store) -> Result<Vec<(u32, Egress)>, StoreError> {
+    Ok(store
+        .sandboxes()?
+        .into_iter()
+        .filter(|r| r.state == SandboxState::Running)
+        .filter_map(|r| Some((r.slot?, r.egress)))
+        .collect())
 }
 
 #[derive(Debug, Default)]
@@ -1355,25 +1334,39 @@ mod tests {
         images: Mutex<HashSet<String>>,
         /// The policy in force per slot, as launches, restores and `set_egress` left it.
         egress: Mutex<HashMap<u32, Egress>>,
+        /// Slots are handed out in order and never reused.
+        next_slot: std::sync::atomic::AtomicU32,
         fail_launch: bool,
         fail_checkpoint: bool,
     }
 
+    impl RecordingDriver {
+        fn place(&self, spec: &LaunchSpec) -> Placement {
+            let slot = self
+                .next_slot
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.running.lock().unwrap().push(spec.id.clone());
+            self.egress
+                .lock()
+                .unwrap()
+                .insert(slot, spec.egress.clone());
+            Placement {
+                slot,
+                agent: Ipv4Addr::from(0x0a00_0000 + slot),
+            }
+        }
+    }
+
     #[async_trait::async_trait]
     impl Driver for RecordingDriver {
-        async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError> {
+        async fn launch(&self, spec: &LaunchSpec) -> Result<Placement, DriverError> {
             if self.fail_launch {
                 return Err(DriverError::Command {
                     what: "runsc".into(),
                     detail: "boom".into(),
                 });
             }
-            self.running.lock().unwrap().push(spec.id.clone());
-            self.egress
-                .lock()
-                .unwrap()
-                .insert(spec.slot, spec.egress.clone());
-            Ok(())
+            Ok(self.place(spec))
         }
         async fn set_egress(&self, slot: u32, egress: &Egress) -> Result<(), DriverError> {
             self.egress.lock().unwrap().insert(slot, egress.clone());
@@ -1384,8 +1377,15 @@ mod tests {
             self.destroyed.lock().unwrap().push(id.clone());
             Ok(())
         }
-        async fn is_running(&self, id: &SandboxId) -> bool {
-            self.running.lock().unwrap().contains(id)
+        async fn adopt(&self, id: &SandboxId, slot: u32) -> Option<Placement> {
+            self.running
+                .lock()
+                .unwrap()
+                .contains(id)
+                .then(|| Placement {
+                    slot,
+                    agent: Ipv4Addr::from(0x0a00_0000 + slot),
+                })
         }
         async fn sweep_orphans(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError> {
             *self.swept_keep.lock().unwrap() = keep.iter().map(|(id, _)| id.clone()).collect();
@@ -1399,17 +1399,12 @@ mod tests {
             self.images.lock().unwrap().insert(image.to_owned());
             Ok(())
         }
-        async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<(), DriverError> {
+        async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<Placement, DriverError> {
             assert!(
                 self.images.lock().unwrap().contains(image),
                 "no image {image}"
             );
-            self.running.lock().unwrap().push(spec.id.clone());
-            self.egress
-                .lock()
-                .unwrap()
-                .insert(spec.slot, spec.egress.clone());
-            Ok(())
+            Ok(self.place(spec))
         }
         fn has_image(&self, image: &str) -> bool {
             self.images.lock().unwrap().contains(image)
@@ -1581,7 +1576,10 @@ mod tests {
             store2.sandboxes().unwrap().is_empty(),
             "a failed create leaves no row"
         );
-        assert_eq!(failing.destroyed.lock().unwrap().len(), 1, "and cleans up");
+        assert!(
+            failing.running.lock().unwrap().is_empty(),
+            "and runs nothing"
+        );
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 //! HTTP server standing in for the real one, checks addresses, isolation and what the sandbox
 //! sees, destroys both and checks that nothing is left on the host. Prints timings.
 
-use airlock_core::driver::{Driver, LaunchSpec, Resources, SlotAddrs};
+use airlock_core::driver::{Driver, LaunchSpec, Placement, Resources};
 use airlock_core::egress::Egress;
 use airlock_core::ids::{SandboxId, TemplateName};
 use airlock_core::store::Store;
@@ -87,15 +87,20 @@ async fn main() -> anyhow::Result<()> {
     let agent = data.join("fake-agent.py");
     std::fs::write(&agent, FAKE_AGENT)?;
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))?;
-    let driver = GvisorDriver::new(GvisorConfig::new(data.join("gvisor"), &agent))?;
+    // `airlock-netd` is built next to this example's directory (`cargo build --release`).
+    let netd = std::env::current_exe()?
+        .parent()
+        .and_then(Path::parent)
+        .context("locating the build directory")?
+        .join("airlock-netd");
+    let driver = GvisorDriver::new(GvisorConfig::new(data.join("gvisor"), &agent, netd), &[])?;
     driver.sweep_orphans(&[]).await?;
 
-    let mut sandboxes = Vec::new();
-    for slot in [0, 1] {
+    let mut sandboxes: Vec<(LaunchSpec, Placement)> = Vec::new();
+    for _ in 0..2 {
         let spec = LaunchSpec {
             id: SandboxId::generate(),
             rootfs: record.rootfs.clone(),
-            slot,
             resources: Resources {
                 cpu_count: 1,
                 memory_mb: 512,
@@ -103,22 +108,21 @@ async fn main() -> anyhow::Result<()> {
             },
             egress: Egress::default(),
         };
-        let addr = SlotAddrs::for_slot(slot).sandbox;
         let t = Instant::now();
-        driver.launch(&spec).await?;
+        let placement = driver.launch(&spec).await?;
         let launched = t.elapsed();
+        let addr = placement.agent;
         wait_http(addr, "/", Duration::from_secs(20)).await?;
         println!(
             "sandbox {} at {addr}: launch() {launched:?}, first HTTP answer {:?} after launch() began",
             spec.id,
             t.elapsed(),
         );
-        ensure!(driver.is_running(&spec.id).await, "is_running says no");
-        sandboxes.push((spec, addr));
+        sandboxes.push((spec, placement));
     }
 
-    for (spec, addr) in &sandboxes {
-        let info = http_get(*addr, "/info")?;
+    for (spec, placement) in &sandboxes {
+        let info = http_get(placement.agent, "/info")?;
         println!("--- {} sees:\n{info}", spec.id);
         let info: serde_json::Value = serde_json::from_str(&info)?;
         ensure!(
@@ -133,7 +137,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // Not asserted: keeping sandboxes apart on the network is the egress layer's job.
-    let (a, b) = (sandboxes[0].1, sandboxes[1].1);
+    let (a, b) = (sandboxes[0].1.agent, sandboxes[1].1.agent);
     println!(
         "{a} -> {b}:49983: {}",
         http_get(a, &format!("/probe/{b}/49983"))?
@@ -142,12 +146,12 @@ async fn main() -> anyhow::Result<()> {
     // Orphan sweep must keep what it is told to keep.
     let keep: Vec<_> = sandboxes
         .iter()
-        .map(|(s, _)| (s.id.clone(), s.slot))
+        .map(|(s, p)| (s.id.clone(), p.slot))
         .collect();
     driver.sweep_orphans(&keep).await?;
-    for (spec, _) in &sandboxes {
+    for (spec, placement) in &sandboxes {
         ensure!(
-            driver.is_running(&spec.id).await,
+            driver.adopt(&spec.id, placement.slot).await.is_some(),
             "sweep removed a kept sandbox"
         );
     }
@@ -158,7 +162,6 @@ async fn main() -> anyhow::Result<()> {
     let bad = LaunchSpec {
         id: SandboxId::generate(),
         rootfs: empty.clone(),
-        slot: 2,
         resources: Resources {
             cpu_count: 1,
             memory_mb: 256,
@@ -168,33 +171,36 @@ async fn main() -> anyhow::Result<()> {
     };
     let t = Instant::now();
     match driver.launch(&bad).await {
-        Ok(()) => bail!("launch from an empty rootfs succeeded"),
+        Ok(_) => bail!("launch from an empty rootfs succeeded"),
         Err(e) => println!("failed launch ({:?}), as expected: {e}", t.elapsed()),
     }
     // runsc creates missing mount points in the rootfs (hence the template's placeholders).
     std::fs::remove_dir_all(&empty)?;
 
-    for (spec, _) in &sandboxes {
+    for (spec, placement) in &sandboxes {
         let t = Instant::now();
-        driver.destroy(&spec.id, spec.slot).await?;
+        driver.destroy(&spec.id, placement.slot).await?;
         println!("destroy {}: {:?}", spec.id, t.elapsed());
         ensure!(
-            !driver.is_running(&spec.id).await,
+            driver.adopt(&spec.id, placement.slot).await.is_none(),
             "still running after destroy"
         );
         let t = Instant::now();
-        driver.destroy(&spec.id, spec.slot).await?;
+        driver.destroy(&spec.id, placement.slot).await?;
         println!("destroy again (idempotent): {:?}", t.elapsed());
     }
-    // A slot is reusable as soon as destroy returns.
+    // The same spec starts again at once, in another slot.
     let again = LaunchSpec {
         id: SandboxId::generate(),
         ..sandboxes[0].0.clone()
     };
-    driver.launch(&again).await?;
-    wait_http(sandboxes[0].1, "/", Duration::from_secs(20)).await?;
-    driver.destroy(&again.id, again.slot).await?;
-    println!("relaunch on slot {} right after destroy: ok", again.slot);
+    let placement = driver.launch(&again).await?;
+    wait_http(placement.agent, "/", Duration::from_secs(20)).await?;
+    driver.destroy(&again.id, placement.slot).await?;
+    println!(
+        "relaunch in slot {} right after destroy: ok",
+        placement.slot
+    );
 
     check_nothing_left(&data.join("gvisor"))?;
     println!("nothing left behind");

@@ -7,8 +7,8 @@
 //! - **Platform: systrap.** It needs nothing from the host; the KVM platform does not work here,
 //!   because `/dev/kvm` on these machines runs only PVM guests.
 //! - **Network: gVisor's netstack (`--network=sandbox`) in a per-sandbox netns** (`al-{id}`, with
-//!   `eth0` peered to the host's `alv{slot}`, see [`net`]; what may cross that link, and the
-//!   egress policy, is [`firewall`]'s business). The sandbox's TCP/IP runs inside the
+//!   `eth0` peered to the host's `alv{slot}`; the [`network`] plan owns it, and what may cross
+//!   that link). The sandbox's TCP/IP runs inside the
 //!   sentry, not in the host kernel, and checkpoint/restore keeps working; `--network=host`
 //!   refuses checkpoint ("not supported when using hostinet"). This runsc wrongly thinks every
 //!   netns is the host's unless `/proc/sys/net` is hidden, so it is started in a private mount
@@ -31,7 +31,7 @@
 //!   temporary name and renamed, so an image is either whole or absent. A failed checkpoint
 //!   (a full disk) leaves the sandbox running; without `--leave-running` it would stop it. Before
 //!   checkpointing, the driver waits for the host's connections into the sandbox to close (see
-//!   [`net::wait_until_drained`]). Images hold memory and the overlay's writes, not the
+//!   [`links::wait_until_drained`]). Images hold memory and the overlay's writes, not the
 //!   template: a restore must use the same rootfs. A restore into another sandbox (new id, netns,
 //!   address, `/etc/hosts`) works: netstack takes the new netns's address, and the agent listens
 //!   on every address.
@@ -43,36 +43,22 @@
 
 mod cgroup;
 mod disk;
-mod dns;
-mod domain_proxy;
-mod firewall;
-mod forwarding;
 mod host_cmd;
-mod net;
+mod network;
 mod oci;
 mod runsc;
-mod seccomp;
 
-use airlock_core::driver::{Driver, DriverError, LaunchSpec, SlotAddrs};
+use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement};
 use airlock_core::egress::Egress;
 use airlock_core::ids::SandboxId;
-use firewall::{Firewall, DNS_PORT, PROXY_PORT};
+use network::{links, Network};
 use runsc::{RunArgs, Runsc};
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 pub use oci::AGENT_PATH;
-
-/// The parsers that read bytes a sandbox chose on the host (DNS messages, the first bytes of a
-/// connection to the domain proxy), for the fuzz targets in `fuzz/`.
-#[doc(hidden)]
-pub mod parsers {
-    pub use crate::dns::message::{answer_addrs, error_reply, parse_query, Query};
-    pub use crate::domain_proxy::peek::{server_name, Peek};
-}
 
 /// Where the driver keeps its state, and what it runs.
 #[derive(Debug, Clone)]
@@ -85,18 +71,25 @@ pub struct GvisorConfig {
     pub agent_binary: PathBuf,
     /// The runsc binary, looked up in `PATH` unless absolute.
     pub runsc: PathBuf,
-    /// Debugging only: install no host firewall (see [`firewall`]), so sandboxes reach the host,
+    /// The network services binary (`airlock-netd`), run as its own user.
+    pub netd_binary: PathBuf,
+    /// Debugging only: install no host firewall (see [`network`]), so sandboxes reach the host,
     /// each other and private ranges. The escape suite uses it to show that its network probes
     /// detect a leak.
     pub open_network: bool,
 }
 
 impl GvisorConfig {
-    pub fn new(state_dir: impl Into<PathBuf>, agent_binary: impl Into<PathBuf>) -> Self {
+    pub fn new(
+        state_dir: impl Into<PathBuf>,
+        agent_binary: impl Into<PathBuf>,
+        netd_binary: impl Into<PathBuf>,
+    ) -> Self {
         GvisorConfig {
             state_dir: state_dir.into(),
             agent_binary: agent_binary.into(),
             runsc: PathBuf::from("runsc"),
+            netd_binary: netd_binary.into(),
             open_network: false,
         }
     }
@@ -114,7 +107,7 @@ pub struct GvisorDriver {
     images: PathBuf,
     agent_binary: String,
     fingerprint: String,
-    firewall: Arc<Firewall>,
+    network: Network,
 }
 
 /// How long a checkpoint waits for the host's connections into the sandbox to close.
@@ -154,8 +147,10 @@ fn take_host_lock() -> Result<nix::fcntl::Flock<std::fs::File>, DriverError> {
 }
 
 impl GvisorDriver {
-    /// Checks the agent binary and creates the state directories (mode 0700).
-    pub fn new(config: GvisorConfig) -> Result<Self, DriverError> {
+    /// Checks the agent binary, creates the state directories (mode 0700) and sets up the
+    /// network, with the policies of the sandboxes a restart will adopt (`known`: their slots
+    /// and policies) in force from the first moment. Must run inside the async runtime.
+    pub fn new(config: GvisorConfig, known: &[(u32, Egress)]) -> Result<Self, DriverError> {
         let agent = std::fs::canonicalize(&config.agent_binary).map_err(DriverError::io(
             format!("finding the agent binary {}", config.agent_binary.display()),
         ))?;
@@ -177,22 +172,12 @@ impl GvisorDriver {
         utf8("state dir", &state_dir)?;
         let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_lock = take_host_lock()?;
-        let firewall = Arc::new(Firewall::install(!config.open_network)?);
-        let dns_socket = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, DNS_PORT))
-            .and_then(|s| s.set_nonblocking(true).map(|()| s))
-            .and_then(tokio::net::UdpSocket::from_std)
-            .map_err(DriverError::io(format!(
-                "listening for sandbox DNS on UDP port {DNS_PORT}"
-            )))?;
-        tokio::spawn(dns::serve(dns_socket, firewall.clone()));
-        let proxy_listener =
-            std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, PROXY_PORT))
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .and_then(tokio::net::TcpListener::from_std)
-                .map_err(DriverError::io(format!(
-                    "listening for sandbox connections on TCP port {PROXY_PORT}"
-                )))?;
-        tokio::spawn(domain_proxy::serve(proxy_listener, firewall.clone()));
+        let network = Network::new(network::Setup {
+            state_dir: &state_dir,
+            enforce: !config.open_network,
+            netd_binary: config.netd_binary,
+            known,
+        })?;
         Ok(GvisorDriver {
             _host_lock: host_lock,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
@@ -200,7 +185,7 @@ impl GvisorDriver {
             images: state_dir.join("images"),
             agent_binary: utf8("agent binary", &agent)?.to_owned(),
             fingerprint,
-            firewall,
+            network,
         })
     }
 
@@ -242,12 +227,12 @@ impl GvisorDriver {
     async fn try_launch(
         &self,
         spec: &LaunchSpec,
+        slot: u32,
         rootfs: &str,
         image: Option<&Path>,
     ) -> Result<(), DriverError> {
         let id = spec.id.as_str();
-        net::setup(id, spec.slot).await?;
-        self.firewall.apply(spec.slot, &spec.egress).await?;
+        self.network.attach(id, slot, &spec.egress).await?;
 
         let bundle = self.bundle_dir(id);
         let overlay_dir = bundle.join("overlay");
@@ -269,11 +254,8 @@ impl GvisorDriver {
         }
 
         let hosts = bundle.join("hosts");
-        write(
-            &hosts,
-            oci::hosts_file(id, SlotAddrs::for_slot(spec.slot).sandbox),
-        )?;
-        let netns = net::netns_path(id);
+        write(&hosts, oci::hosts_file(id, Network::addrs(slot).sandbox))?;
+        let netns = links::netns_path(id);
         let config = oci::spec(&oci::SpecParams {
             id,
             rootfs,
@@ -307,22 +289,16 @@ impl GvisorDriver {
     }
 
     /// Removes everything that belongs to `id`: the container (processes, gofer mounts,
-    /// cgroups), the slot's veth pair when the slot is known, the netns and the bundle. Keeps
-    /// going after an error so that as much as possible is gone, and returns the first.
+    /// cgroups), its network (when the slot is known: see [`Network::detach`]), the netns and
+    /// the bundle. Keeps going after an error so that as much as possible is gone, and returns
+    /// the first.
     ///
     /// No `runsc kill` first: `delete --force` SIGKILLs the sandbox process itself.
     async fn teardown(&self, id: &str, slot: Option<u32>) -> Result<(), DriverError> {
         let mut result = self.runsc.delete(id).await;
         let bundle = self.bundle_dir(id);
         result = result.and(disk::unmount(&bundle.join("overlay")));
-        // The link before the netns: deleting it removes both veth ends at once, whereas a
-        // deleted netns lets go of its devices asynchronously, and a launch reusing the slot
-        // right away would still find `alv{slot}`.
-        if let Some(slot) = slot {
-            result = result.and(net::delete_link(slot).await);
-            result = result.and(self.firewall.clear(slot).await);
-        }
-        result = result.and(net::delete_netns(id).await);
+        result = result.and(self.network.detach(id, slot).await);
         result = result.and(cgroup::remove(id));
         match std::fs::remove_dir_all(&bundle) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -350,55 +326,61 @@ impl GvisorDriver {
 }
 
 impl GvisorDriver {
-    /// Boots (`image: None`) or restores a sandbox, and cleans up after itself on failure.
-    async fn start(&self, spec: &LaunchSpec, image: Option<&Path>) -> Result<(), DriverError> {
+    /// Boots (`image: None`) or restores a sandbox in a free slot, and cleans up after itself
+    /// on failure.
+    async fn start(
+        &self,
+        spec: &LaunchSpec,
+        image: Option<&Path>,
+    ) -> Result<Placement, DriverError> {
         let id = spec.id.as_str();
-        if spec.slot >= SlotAddrs::MAX_SLOTS {
-            return Err(DriverError::Command {
-                what: format!("launching {id}"),
-                detail: format!("slot {} is out of range", spec.slot),
-            });
-        }
-        // Cleaning up after a failed launch must never hit another sandbox's resources, so
-        // refuse to start over anything that already exists.
-        if net::netns_path(id).exists()
-            || net::link_exists(spec.slot)
-            || self.bundle_dir(id).exists()
-        {
-            return Err(DriverError::Command {
-                what: format!("launching {id}"),
-                detail: format!("id or slot {} is still in use", spec.slot),
-            });
-        }
         if !spec.rootfs.is_dir() {
             return Err(invalid("rootfs", &spec.rootfs, "is not a directory"));
         }
         let rootfs = utf8("rootfs", &spec.rootfs)?;
-
+        // Cleaning up after a failed launch must never hit another sandbox's resources, so
+        // refuse to start over anything that already exists.
+        if links::netns_path(id).exists() || self.bundle_dir(id).exists() {
+            return Err(DriverError::Command {
+                what: format!("launching {id}"),
+                detail: "the id is still in use".into(),
+            });
+        }
+        let slot = self.network.allocate()?;
+        if links::link_exists(slot) {
+            // A leftover the orphan sweep could not remove: skip the slot, do not touch it.
+            return Err(DriverError::Command {
+                what: format!("launching {id}"),
+                detail: format!("network slot {slot} is still in use"),
+            });
+        }
         let started = Instant::now();
-        let result = self.try_launch(spec, rootfs, image).await;
+        let result = self.try_launch(spec, slot, rootfs, image).await;
         match &result {
             Ok(()) => {
-                tracing::debug!(%id, slot = spec.slot, restored = image.is_some(), elapsed = ?started.elapsed(), "sandbox started")
+                tracing::debug!(%id, slot, restored = image.is_some(), elapsed = ?started.elapsed(), "sandbox started")
             }
             Err(err) => {
-                tracing::warn!(%id, slot = spec.slot, error = %err, "launch failed; cleaning up");
-                if let Err(cleanup) = self.destroy(&spec.id, spec.slot).await {
+                tracing::warn!(%id, slot, error = %err, "launch failed; cleaning up");
+                if let Err(cleanup) = self.destroy(&spec.id, slot).await {
                     tracing::warn!(%id, error = %cleanup, "cleanup after failed launch failed");
                 }
             }
         }
-        result
+        result.map(|()| Placement {
+            slot,
+            agent: Network::addrs(slot).sandbox,
+        })
     }
 }
 
 #[async_trait::async_trait]
 impl Driver for GvisorDriver {
-    async fn launch(&self, spec: &LaunchSpec) -> Result<(), DriverError> {
+    async fn launch(&self, spec: &LaunchSpec) -> Result<Placement, DriverError> {
         self.start(spec, None).await
     }
 
-    async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<(), DriverError> {
+    async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<Placement, DriverError> {
         let dir = self.image_dir(image)?;
         if !dir.is_dir() {
             return Err(DriverError::Command {
@@ -410,14 +392,14 @@ impl Driver for GvisorDriver {
     }
 
     async fn set_egress(&self, slot: u32, egress: &Egress) -> Result<(), DriverError> {
-        self.firewall.apply(slot, egress).await
+        self.network.set_egress(slot, egress).await
     }
 
     async fn checkpoint(&self, id: &SandboxId, slot: u32, image: &str) -> Result<(), DriverError> {
         let dir = self.image_dir(image)?;
         self.check_space_for(id.as_str())?;
-        let addr = SlotAddrs::for_slot(slot).sandbox;
-        if !net::wait_until_drained(addr, DRAIN_TIMEOUT).await {
+        let addr = Network::addrs(slot).sandbox;
+        if !links::wait_until_drained(addr, DRAIN_TIMEOUT).await {
             return Err(DriverError::Command {
                 what: format!("checkpointing {id}"),
                 detail: "connections into the sandbox did not close; try again".into(),
@@ -487,7 +469,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn shutdown(&self) {
-        forwarding::restore();
+        self.network.restore_forwarding();
     }
 
     async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError> {
@@ -497,8 +479,15 @@ impl Driver for GvisorDriver {
         result
     }
 
-    async fn is_running(&self, id: &SandboxId) -> bool {
-        self.runsc.state(id.as_str()).await.as_deref() == Some("running")
+    async fn adopt(&self, id: &SandboxId, slot: u32) -> Option<Placement> {
+        if self.runsc.state(id.as_str()).await.as_deref() != Some("running") {
+            return None;
+        }
+        self.network.adopt(slot);
+        Some(Placement {
+            slot,
+            agent: Network::addrs(slot).sandbox,
+        })
     }
 
     async fn sweep_orphans(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError> {
@@ -508,7 +497,7 @@ impl Driver for GvisorDriver {
         let mut found = BTreeSet::new();
         found.extend(self.runsc.list().await?);
         found.extend(self.bundle_ids()?);
-        found.extend(net::netns_ids()?);
+        found.extend(links::netns_ids()?);
         found.extend(cgroup::ids());
 
         let mut result = Ok(());
@@ -523,10 +512,10 @@ impl Driver for GvisorDriver {
         }
         // Links of slots no kept sandbox holds, including any whose netns was deleted above and
         // that the kernel has not removed yet.
-        for slot in net::link_slots()? {
+        for slot in links::link_slots()? {
             if !keep_slots.contains(&slot) {
                 tracing::info!(slot, "removing orphaned veth");
-                result = result.and(net::delete_link(slot).await);
+                result = result.and(self.network.forget_slot(slot).await);
             }
         }
         result

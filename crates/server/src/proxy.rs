@@ -301,7 +301,7 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    parts.uri = match format!("http://{}:{port}{path}", sandbox.addrs.sandbox).parse() {
+    parts.uri = match format!("http://{}:{port}{path}", sandbox.agent()).parse() {
         Ok(uri) => uri,
         Err(_) => {
             return crate::error::ApiError::bad_request("malformed request path").into_response()

@@ -27,18 +27,18 @@ pub struct ServeOptions {
     pub insecure_open_network: bool,
 }
 
-/// `airlock-agent` is shipped next to the `airlock` binary.
-fn find_agent(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+/// `name` (`airlock-agent`, `airlock-netd`) is shipped next to the `airlock` binary.
+fn find_binary(name: &str, explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let path = match explicit {
         Some(p) => p,
         None => std::env::current_exe()
             .context("locating the airlock binary")?
-            .with_file_name("airlock-agent"),
+            .with_file_name(name),
     };
     if !path.is_file() {
         bail!(
-            "the sandbox agent binary {} does not exist; build it with `cargo build --release` \
-             or pass --agent-bin",
+            "{} does not exist; build it with `cargo build --release` (it belongs next to \
+             the airlock binary)",
             path.display()
         );
     }
@@ -106,14 +106,21 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
     let key = ensure_api_key(&store, &data)?;
-    let agent_binary = find_agent(opts.agent_binary)?;
+    let agent_binary = find_binary("airlock-agent", opts.agent_binary)?;
+    let netd_binary = find_binary("airlock-netd", None)?;
+    // The firewall starts with every sandbox that will be adopted already in it.
+    let known = airlock_core::lifecycle::adoptable_policies(&store)?;
     let driver: Arc<dyn Driver> = Arc::new(
-        airlock_gvisor::GvisorDriver::new(airlock_gvisor::GvisorConfig {
-            state_dir: data.gvisor(),
-            agent_binary,
-            runsc: PathBuf::from("runsc"),
-            open_network: opts.insecure_open_network,
-        })
+        airlock_gvisor::GvisorDriver::new(
+            airlock_gvisor::GvisorConfig {
+                state_dir: data.gvisor(),
+                agent_binary,
+                runsc: PathBuf::from("runsc"),
+                netd_binary,
+                open_network: opts.insecure_open_network,
+            },
+            &known,
+        )
         .context("setting up the gVisor driver")?,
     );
     let http = proxy::http_client();

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod connect;
+pub mod egress;
 pub mod envd;
 pub mod json;
 pub mod signed_url;

@@ -4,8 +4,9 @@
 //! The rules, as E2B documents them: by default everything is allowed; `denyOut` blocks
 //! addresses (`0.0.0.0/0` blocks all traffic, and `allow_internet_access: false` means just
 //! that); `allowOut` entries win over `denyOut` and may be domains (`example.com`, or
-//! `*.example.com` for its subdomains). A domain allows the addresses the sandbox's DNS answers
-//! for it, so it only matters where something is denied.
+//! `*.example.com` for its subdomains). A domain allows the TCP connections that name it (TLS
+//! SNI, HTTP `Host`), and connections naming nothing to the addresses the sandbox's DNS
+//! answered for it; it only matters where something is denied.
 //!
 //! What no policy can allow (the host, other sandboxes, private and link-local ranges, cloud
 //! metadata) is the driver's business and applies whatever this says.
@@ -148,7 +149,7 @@ pub struct Egress {
     /// Allowed even where `deny_nets` matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_nets: Vec<Ipv4Net>,
-    /// Allowed, by the addresses the sandbox's DNS answers for them, even where `deny_nets`
+    /// Allowed by name (see the module doc), even where `deny_nets`
     /// matches.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_domains: Vec<DomainPattern>,

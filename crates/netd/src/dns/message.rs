@@ -39,6 +39,39 @@ pub fn parse_query(msg: &[u8]) -> Option<Query> {
     })
 }
 
+impl Query {
+    /// The question section of `msg` (the query this was read from), as a reply must echo it.
+    pub fn question<'a>(&self, msg: &'a [u8]) -> &'a [u8] {
+        &msg[HEADER_LEN..self.question_end]
+    }
+}
+
+/// Whether `reply` answers the query with this `id` and this `question` section: a response,
+/// with one question, the very same.
+pub fn answers(reply: &[u8], id: u16, question: &[u8]) -> bool {
+    reply.len() >= HEADER_LEN + question.len()
+        && u16_at(reply, 0) == Some(id)
+        && reply[2] & 0x80 != 0
+        && u16_at(reply, 4) == Some(1)
+        && &reply[HEADER_LEN..HEADER_LEN + question.len()] == question
+}
+
+/// A recursive query for `name`'s A records, with id 0. `None` for a name DNS cannot carry.
+pub fn a_query(name: &str) -> Option<Vec<u8>> {
+    let mut msg = vec![0, 0, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.trim_end_matches('.').split('.') {
+        let len = u8::try_from(label.len())
+            .ok()
+            .filter(|l| (1..=63).contains(l))?;
+        msg.push(len);
+        msg.extend_from_slice(label.as_bytes());
+    }
+    msg.push(0);
+    msg.extend_from_slice(&TYPE_A.to_be_bytes());
+    msg.extend_from_slice(&CLASS_IN.to_be_bytes());
+    (msg.len() - HEADER_LEN <= MAX_NAME_LEN + 5).then_some(msg)
+}
+
 /// The answer to `query` (whose bytes are `msg`) that carries only `rcode`.
 pub fn error_reply(msg: &[u8], query: Option<&Query>, rcode: u8) -> Vec<u8> {
     let echoed = query.map_or(HEADER_LEN.min(msg.len()), |q| q.question_end);
@@ -196,6 +229,25 @@ mod tests {
         );
         assert_eq!(answer_addrs(&msg, 0xbeee), None, "another query's answer");
         assert_eq!(answer_addrs(&msg[..msg.len() - 1], 0xbeef), None);
+    }
+
+    #[test]
+    fn own_queries_and_matching_answers() {
+        let msg = a_query("PyPI.org").unwrap();
+        let q = parse_query(&msg).unwrap();
+        assert_eq!((q.id, q.name.as_str()), (0, "pypi.org"));
+        let mut reply = msg.clone();
+        reply[0..2].copy_from_slice(&0x1234u16.to_be_bytes());
+        reply[2] |= 0x80;
+        assert!(answers(&reply, 0x1234, q.question(&msg)));
+        assert!(!answers(&reply, 0x1235, q.question(&msg)), "another id");
+        assert!(!answers(
+            &reply,
+            0x1234,
+            q.question(&a_query("pypi.org.evil").unwrap())
+        ));
+        assert!(!answers(&msg, 0, q.question(&msg)), "a query is no answer");
+        assert!(a_query("a..b").is_none() && a_query(&"a".repeat(64)).is_none());
     }
 
     #[test]

@@ -1,26 +1,62 @@
-//! Reading the server name a connection's first bytes announce: the SNI of a TLS ClientHello
-//! or the `Host` header of an HTTP/1 request. The bytes come from a hostile sandbox: every read
-//! is bounds-checked, and an unclear answer is "no name".
+//! Telling what a connection's first bytes are: a TLS ClientHello (and the server name its SNI
+//! carries), the start of an HTTP/1 request, or a protocol that names nothing. The bytes come
+//! from a hostile sandbox: every read is bounds-checked, and an unclear answer never names a
+//! server.
 
 /// What the first bytes say so far.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Peek {
-    /// The name, lower-case, without a port or trailing dot.
-    Name(String),
+pub enum First {
+    /// A TLS ClientHello whose SNI names this server (lower-case, no trailing dot).
+    Tls(String),
+    /// The start of an HTTP/1 request: each request head on the connection names its server.
+    Http,
+    /// Neither TLS nor HTTP: a protocol that names nothing.
+    Unnamed,
+    /// TLS without a server name, or a ClientHello that cannot be read.
+    Refused,
     /// Not enough bytes yet to tell.
     NeedMore,
-    /// Neither TLS with SNI nor HTTP with a Host header.
-    NoName,
 }
 
-/// Reads as much of `buf` (the connection's first bytes) as it needs.
-pub fn server_name(buf: &[u8]) -> Peek {
-    match buf.first() {
-        None => Peek::NeedMore,
-        Some(0x16) => tls_sni(buf),
-        Some(b) if b.is_ascii_uppercase() => http_host(buf),
-        Some(_) => Peek::NoName,
+/// The most that is read before deciding: one full TLS record.
+pub const MAX_FIRST: usize = 5 + (16 << 10);
+
+/// Reads as much of `buf` (the connection's first bytes) as it needs. Once it answers anything
+/// but [`First::NeedMore`], more bytes never change the answer.
+pub fn classify(buf: &[u8]) -> First {
+    // Nothing beyond the first MAX_FIRST bytes counts, so that reading more never changes the
+    // answer.
+    let buf = &buf[..buf.len().min(MAX_FIRST)];
+    // Servers skip blank lines before a request line, so a sandbox could hide a request behind
+    // them: they do not make a protocol nameless.
+    let start = buf.iter().position(|b| !b" \t\r\n".contains(b));
+    match start.map(|i| buf[i]) {
+        None if buf.len() >= MAX_FIRST => First::Unnamed,
+        None => First::NeedMore,
+        Some(0x16) if start == Some(0) => match tls_sni(buf) {
+            Sni::Name(name) => First::Tls(name),
+            Sni::None => First::Refused,
+            Sni::NeedMore if buf.len() >= MAX_FIRST => First::Refused,
+            Sni::NeedMore => First::NeedMore,
+        },
+        // An SSH client speaks first with its banner, which no HTTP server takes for a request.
+        Some(b'S') if start == Some(0) && b"SSH-".starts_with(&buf[..buf.len().min(4)]) => {
+            if buf.len() < 4 {
+                First::NeedMore
+            } else {
+                First::Unnamed
+            }
+        }
+        // Every HTTP method starts with a letter; so does anything a server might take for one.
+        Some(b) if b.is_ascii_alphabetic() => First::Http,
+        Some(_) => First::Unnamed,
     }
+}
+
+enum Sni {
+    Name(String),
+    None,
+    NeedMore,
 }
 
 const TLS_HEADER: usize = 5;
@@ -30,15 +66,15 @@ const NAME_TYPE_HOST: u8 = 0;
 
 /// The SNI of a ClientHello that fits in the first record (real ones do; they are at most a
 /// few KiB, and a record carries 16 KiB).
-fn tls_sni(buf: &[u8]) -> Peek {
+fn tls_sni(buf: &[u8]) -> Sni {
     if buf.len() < TLS_HEADER {
-        return Peek::NeedMore;
+        return Sni::NeedMore;
     }
     let record_len = usize::from(u16::from_be_bytes([buf[3], buf[4]]));
     let Some(record) = buf.get(TLS_HEADER..TLS_HEADER + record_len) else {
-        return Peek::NeedMore;
+        return Sni::NeedMore;
     };
-    sni_in_client_hello(record).map_or(Peek::NoName, Peek::Name)
+    sni_in_client_hello(record).map_or(Sni::None, Sni::Name)
 }
 
 fn sni_in_client_hello(record: &[u8]) -> Option<String> {
@@ -80,47 +116,8 @@ fn sni_in_client_hello(record: &[u8]) -> Option<String> {
     None
 }
 
-/// At most this much of an HTTP request head is read looking for `Host`.
-const MAX_HTTP_HEAD: usize = 16 * 1024;
-
-fn http_host(buf: &[u8]) -> Peek {
-    // Only the first MAX_HTTP_HEAD bytes count, so that reading more never changes the answer.
-    let head = &buf[..buf.len().min(MAX_HTTP_HEAD)];
-    let Some(end) = find(head, b"\r\n\r\n") else {
-        return if buf.len() >= MAX_HTTP_HEAD {
-            Peek::NoName
-        } else {
-            Peek::NeedMore
-        };
-    };
-    let mut lines = buf[..end]
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let request_line = lines.next().unwrap_or_default();
-    if !request_line.ends_with(b" HTTP/1.1") && !request_line.ends_with(b" HTTP/1.0") {
-        return Peek::NoName;
-    }
-    let mut hosts = lines.filter_map(|line| {
-        let colon = line.iter().position(|&b| b == b':')?;
-        line[..colon]
-            .eq_ignore_ascii_case(b"host")
-            .then(|| line[colon + 1..].trim_ascii())
-    });
-    match (hosts.next(), hosts.next()) {
-        // Two Host headers are a smuggling attempt, not a name.
-        (Some(host), None) => {
-            let name = match host.iter().rposition(|&b| b == b':') {
-                Some(colon) if host[colon + 1..].iter().all(u8::is_ascii_digit) => &host[..colon],
-                _ => host,
-            };
-            host_name(name).map_or(Peek::NoName, Peek::Name)
-        }
-        _ => Peek::NoName,
-    }
-}
-
 /// A DNS host name: letters, digits, `-`, `_` and dots; lower-cased, trailing dot dropped.
-fn host_name(raw: &[u8]) -> Option<String> {
+pub fn host_name(raw: &[u8]) -> Option<String> {
     let raw = raw.strip_suffix(b".").unwrap_or(raw);
     let ok = !raw.is_empty()
         && raw.len() <= 253
@@ -128,10 +125,6 @@ fn host_name(raw: &[u8]) -> Option<String> {
             .iter()
             .all(|&b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     ok.then(|| String::from_utf8_lossy(raw).to_ascii_lowercase())
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -189,26 +182,43 @@ mod tests {
     #[test]
     fn reads_sni() {
         let hello = client_hello("PyPI.org");
-        assert_eq!(server_name(&hello), Peek::Name("pypi.org".into()));
+        assert_eq!(classify(&hello), First::Tls("pypi.org".into()));
         for cut in [1, 4, 5, hello.len() - 1] {
-            assert_eq!(server_name(&hello[..cut]), Peek::NeedMore, "cut at {cut}");
+            assert_eq!(classify(&hello[..cut]), First::NeedMore, "cut at {cut}");
         }
         let mut broken = hello.clone();
         broken[5] = 2; // ServerHello
-        assert_eq!(server_name(&broken), Peek::NoName);
-        assert_eq!(server_name(&client_hello("a b.com")), Peek::NoName);
+        assert_eq!(classify(&broken), First::Refused);
+        assert_eq!(classify(&client_hello("a b.com")), First::Refused);
     }
 
     #[test]
-    fn reads_http_host() {
-        let req = b"GET /simple/ HTTP/1.1\r\nUser-Agent: x\r\nhost: PyPI.org:8080\r\n\r\n";
-        assert_eq!(server_name(req), Peek::Name("pypi.org".into()));
-        assert_eq!(server_name(&req[..20]), Peek::NeedMore);
-        let two = b"GET / HTTP/1.1\r\nHost: a.com\r\nHost: b.com\r\n\r\n";
-        assert_eq!(server_name(two), Peek::NoName);
-        assert_eq!(server_name(b"GET / HTTP/1.1\r\n\r\n"), Peek::NoName);
-        assert_eq!(server_name(b"SSH-2.0-OpenSSH\r\n\r\n"), Peek::NoName);
-        assert_eq!(server_name(b"\x00\x01"), Peek::NoName);
-        assert_eq!(server_name(&[b'G'; MAX_HTTP_HEAD]), Peek::NoName);
+    fn tells_http_from_what_names_nothing() {
+        assert_eq!(classify(b"G"), First::Http);
+        assert_eq!(
+            classify(b"\r\n\r\nGET / HTTP/1.1\r\n"),
+            First::Http,
+            "blank lines first"
+        );
+        assert_eq!(classify(b"\r\n"), First::NeedMore);
+        assert_eq!(
+            classify(b"SSH-2.0-OpenSSH_9.2\r\n"),
+            First::Unnamed,
+            "an SSH banner"
+        );
+        assert_eq!(classify(b"SS"), First::NeedMore);
+        assert_eq!(
+            classify(b"SSL / HTTP/1.1"),
+            First::Http,
+            "other letters: held to HTTP's rules"
+        );
+        assert_eq!(classify(b"\x00\x01"), First::Unnamed);
+        assert_eq!(classify(b"*1\r\n$4\r\nPING\r\n"), First::Unnamed, "redis");
+        assert_eq!(classify(&[b'\n'; MAX_FIRST]), First::Unnamed);
+        assert_eq!(
+            classify(b" \x16\x03\x01"),
+            First::Unnamed,
+            "TLS starts at byte 0"
+        );
     }
 }

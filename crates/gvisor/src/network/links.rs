@@ -1,4 +1,4 @@
-//! Per-sandbox networking: a named netns `al-{id}` holding `eth0`, the peer of the host's
+//! Per-sandbox links: a named netns `al-{id}` holding `eth0`, the peer of the host's
 //! `alv{slot}`, with a /30 from [`SlotAddrs`].
 //!
 //! runsc joins the netns through the spec's `linux.namespaces` path and its netstack takes
@@ -6,10 +6,11 @@
 //! `ip netns exec`: it remounts `/sys`, after which runsc cannot find its cgroups. Setup is two
 //! `ip -batch` calls (host side, then inside the netns with `ip -n`) to keep spawns few.
 //!
-//! What may cross these links is [`crate::firewall`]'s business.
+//! What may cross these links is [`super::firewall`]'s business.
 
+use super::slots::SlotAddrs;
 use crate::host_cmd;
-use airlock_core::driver::{DriverError, SlotAddrs};
+use airlock_core::driver::DriverError;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -181,6 +182,34 @@ fn open_connections(table: &str, peer: Ipv4Addr) -> usize {
             remote.split(':').next() == Some(peer_hex.as_str()) && !DRAINED_STATES.contains(state)
         })
         .count()
+}
+
+/// Destroys every host socket and conntrack entry that still involves `addr`, once the sandbox
+/// that had it is gone. Left alone, the host's connections to a dead sandbox linger for
+/// minutes, retransmitting into the void, and would still be there when a new sandbox gets the
+/// address (and hold up its checkpoints, which wait for connections into it to close).
+pub(crate) async fn forget_address(addr: Ipv4Addr) -> Result<(), DriverError> {
+    let addr = addr.to_string();
+    let mut ss = Command::new("ss");
+    ss.args(["--kill", "--tcp", "--udp", "--all", "dst", &addr]);
+    let killed = host_cmd::run(&format!("ss --kill dst {addr}"), ss, None).await;
+    for direction in ["--orig-src", "--orig-dst"] {
+        let mut conntrack = Command::new("conntrack");
+        conntrack.args(["--delete", direction, &addr]);
+        // conntrack fails when there was nothing to delete, which is what it usually finds.
+        if let Err(e) = host_cmd::run(
+            &format!("conntrack --delete {direction} {addr}"),
+            conntrack,
+            None,
+        )
+        .await
+        {
+            if !e.to_string().contains("0 flow entries") {
+                return Err(e);
+            }
+        }
+    }
+    killed
 }
 
 async fn ip(args: &[&str]) -> Result<(), DriverError> {
