@@ -101,6 +101,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Names of all images, and of leftovers of checkpoints that never finished.
     fn images(&self) -> Result<Vec<String>, DriverError>;
 
+    /// The disk the image takes, in bytes (0 if it does not exist).
+    fn image_size(&self, image: &str) -> u64;
+
     /// A short `[a-z0-9]` tag that changes whenever images taken before stop being restorable
     /// (a new agent binary or runtime), so cached images are keyed by it.
     fn fingerprint(&self) -> String;

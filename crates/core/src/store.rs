@@ -88,6 +88,18 @@ pub struct ApiKeyRecord {
     pub name: String,
     pub created_at: i64,
     pub revoked_at: Option<i64>,
+    pub limits: KeyLimits,
+}
+
+/// What one API key may hold; each limit left out is the server's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyLimits {
+    /// Sandboxes running (or starting, or being resumed) at once.
+    pub max_running: Option<u32>,
+    /// Sandboxes paused at once.
+    pub max_paused: Option<u32>,
+    /// The disk its snapshots take, in MiB.
+    pub max_snapshot_mb: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +129,8 @@ pub struct SnapshotRecord {
     /// Id of the API key that took it. Empty for snapshots from before keys had owners, which
     /// no key sees.
     pub owner: String,
+    /// The disk its image takes.
+    pub size_bytes: u64,
 }
 
 pub struct Store {
@@ -202,6 +216,10 @@ impl Store {
             ),
             ("api_keys", "name TEXT NOT NULL DEFAULT ''"),
             ("api_keys", "revoked_at INTEGER"),
+            ("api_keys", "max_running INTEGER"),
+            ("api_keys", "max_paused INTEGER"),
+            ("api_keys", "max_snapshot_mb INTEGER"),
+            ("snapshots", "size_bytes INTEGER NOT NULL DEFAULT 0"),
         ] {
             add_column_if_missing(&conn, table, column)?;
         }
@@ -355,7 +373,8 @@ impl Store {
     pub fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
         self.conn().execute(
             "INSERT OR REPLACE INTO snapshots (id, image, template, rootfs, source_sandbox,
-             access_token, created_at, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             access_token, created_at, owner, size_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 s.id.as_str(),
                 s.image,
@@ -364,7 +383,8 @@ impl Store {
                 s.source_sandbox.as_str(),
                 s.access_token,
                 s.created_at,
-                s.owner
+                s.owner,
+                s.size_bytes as i64
             ],
         )?;
         Ok(())
@@ -373,8 +393,8 @@ impl Store {
     pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT id, image, template, rootfs, source_sandbox, access_token, created_at, owner
-             FROM snapshots ORDER BY created_at, id",
+            "SELECT id, image, template, rootfs, source_sandbox, access_token, created_at, owner,
+             size_bytes FROM snapshots ORDER BY created_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -389,6 +409,7 @@ impl Store {
                     access_token: row.get(5)?,
                     created_at: row.get(6)?,
                     owner: row.get(7)?,
+                    size_bytes: row.get::<_, i64>(8)?.max(0) as u64,
                 })
             })())
         })?;
@@ -471,18 +492,47 @@ impl Store {
 
     // ------------------------------------------------------------ API keys
 
-    /// Records a key by its SHA-256 (hex); a key already recorded keeps its name.
+    /// Records a key by its SHA-256 (hex); a key already recorded keeps its name and limits.
     pub fn add_api_key_hash(
         &self,
         sha256_hex: &str,
         name: &str,
         created_at: i64,
+        limits: KeyLimits,
     ) -> Result<(), StoreError> {
         self.conn().execute(
-            "INSERT OR IGNORE INTO api_keys (sha256, created_at, name) VALUES (?1, ?2, ?3)",
-            params![sha256_hex, created_at, name],
+            "INSERT OR IGNORE INTO api_keys (sha256, created_at, name, max_running, max_paused,
+             max_snapshot_mb) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                sha256_hex,
+                created_at,
+                name,
+                limits.max_running,
+                limits.max_paused,
+                limits.max_snapshot_mb.map(|mb| mb as i64)
+            ],
         )?;
         Ok(())
+    }
+
+    /// The limits set on the key with this id (none set: all `None`).
+    pub fn key_limits(&self, id: &str) -> Result<KeyLimits, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT max_running, max_paused, max_snapshot_mb FROM api_keys
+                 WHERE substr(sha256, 1, 12) = ?1",
+                params![id],
+                |row| {
+                    Ok(KeyLimits {
+                        max_running: row.get(0)?,
+                        max_paused: row.get(1)?,
+                        max_snapshot_mb: row.get::<_, Option<i64>>(2)?.map(|mb| mb.max(0) as u64),
+                    })
+                },
+            )
+            .optional()?
+            .unwrap_or_default())
     }
 
     /// The id of the live (not revoked) key with this SHA-256, if any.
@@ -502,7 +552,8 @@ impl Store {
     pub fn api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT sha256, name, created_at, revoked_at FROM api_keys ORDER BY created_at, sha256",
+            "SELECT sha256, name, created_at, revoked_at, max_running, max_paused,
+             max_snapshot_mb FROM api_keys ORDER BY created_at, sha256",
         )?;
         let rows = stmt.query_map([], |row| {
             Ok(ApiKeyRecord {
@@ -510,6 +561,11 @@ impl Store {
                 name: row.get(1)?,
                 created_at: row.get(2)?,
                 revoked_at: row.get(3)?,
+                limits: KeyLimits {
+                    max_running: row.get(4)?,
+                    max_paused: row.get(5)?,
+                    max_snapshot_mb: row.get::<_, Option<i64>>(6)?.map(|mb| mb.max(0) as u64),
+                },
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -703,7 +759,7 @@ mod tests {
         let path = dir.path().join("airlock.db");
         let store = Store::open(&path).unwrap();
         store
-            .add_api_key_hash("00", "a write, so the WAL exists", 1)
+            .add_api_key_hash("00", "a write, so the WAL exists", 1, KeyLimits::default())
             .unwrap();
         for file in ["airlock.db", "airlock.db-wal", "airlock.db-shm"] {
             let md = std::fs::metadata(dir.path().join(file)).unwrap();
@@ -749,6 +805,7 @@ mod tests {
             access_token: Some("tok".into()),
             created_at: 3,
             owner: "k1".into(),
+            size_bytes: 4096,
         };
         store.insert_snapshot(&snap).unwrap();
         // Another key's snapshot of the same name lives beside it, and neither sees the other.
@@ -806,7 +863,17 @@ mod tests {
         assert_eq!(store.template(&t.name).unwrap(), Some(t));
         assert_eq!(store.api_key_count().unwrap(), 0);
         let h = "0123456789abcdef0123";
-        store.add_api_key_hash(h, "ci", 1).unwrap();
+        let limits = KeyLimits {
+            max_running: Some(3),
+            max_paused: None,
+            max_snapshot_mb: Some(100),
+        };
+        store.add_api_key_hash(h, "ci", 1, limits).unwrap();
+        assert_eq!(store.key_limits("0123456789ab").unwrap(), limits);
+        assert_eq!(
+            store.key_limits("ffffffffffff").unwrap(),
+            KeyLimits::default()
+        );
         assert_eq!(
             store.api_key_id(h).unwrap().as_deref(),
             Some("0123456789ab")

@@ -15,9 +15,7 @@ use crate::ids::TemplateName;
 use crate::store::{Store, StoreError, TemplateRecord};
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -751,28 +749,11 @@ async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(
 async fn disk_usage(root: &Path) -> Result<u64, TemplateError> {
     let root = root.to_owned();
     let what = format!("measuring {}", root.display());
-    tokio::task::spawn_blocking(move || {
-        let mut seen = HashSet::new();
-        let mut total = 0u64;
-        let mut stack: Vec<PathBuf> = vec![root];
-        while let Some(path) = stack.pop() {
-            let meta = std::fs::symlink_metadata(&path)?;
-            if meta.nlink() > 1 && !meta.is_dir() && !seen.insert((meta.dev(), meta.ino())) {
-                continue;
-            }
-            total += meta.blocks() * 512;
-            if meta.is_dir() {
-                for entry in std::fs::read_dir(&path)? {
-                    stack.push(entry?.path());
-                }
-            }
-        }
-        Ok(total)
-    })
-    .await
-    .map_err(|e| io::Error::other(e.to_string()))
-    .and_then(|r| r)
-    .map_err(io_err(what))
+    tokio::task::spawn_blocking(move || crate::disk_usage::bytes_on_disk(&root))
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))
+        .and_then(|r| r)
+        .map_err(io_err(what))
 }
 
 fn now() -> i64 {

@@ -464,6 +464,15 @@ impl Driver for GvisorDriver {
         Ok(names)
     }
 
+    fn image_size(&self, image: &str) -> u64 {
+        self.image_dir(image)
+            .and_then(|dir| {
+                airlock_core::disk_usage::bytes_on_disk(&dir)
+                    .map_err(DriverError::io("measuring an image"))
+            })
+            .unwrap_or(0)
+    }
+
     fn fingerprint(&self) -> String {
         self.fingerprint.clone()
     }

@@ -19,6 +19,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most forks one call may ask for (E2B's limit).
@@ -68,7 +69,7 @@ impl Caller {
 /// sandbox is rejected with 404, as one that does not exist: its existence is not confirmed.
 pub struct Owned {
     pub id: String,
-    pub record: SandboxRecord,
+    pub record: Arc<SandboxRecord>,
 }
 
 impl FromRequestParts<AppState> for Owned {
@@ -274,7 +275,7 @@ async fn kill(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
-    state.lifecycle.kill(&id)?;
+    state.lifecycle.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -461,7 +462,7 @@ fn matching(
     state: &AppState,
     caller: &Caller,
     query: &HashMap<String, String>,
-) -> Result<Vec<SandboxRecord>, ApiError> {
+) -> Result<Vec<Arc<SandboxRecord>>, ApiError> {
     let filter = match query.get("metadata") {
         Some(raw) => parse_metadata_filter(raw)?,
         None => BTreeMap::new(),
@@ -474,7 +475,7 @@ fn matching(
     let template = query.get("template");
     Ok(state
         .lifecycle
-        .list_records()?
+        .list_records()
         .into_iter()
         .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))

@@ -3,7 +3,7 @@
 
 use crate::data_dir::DataDir;
 use airlock_core::ids::TemplateName;
-use airlock_core::store::Store;
+use airlock_core::store::{KeyLimits, Store};
 use airlock_wire::api::{ErrorBody, SandboxDetail};
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{ProcessEvent, ProcessEventMessage, ProcessOutput};
@@ -64,6 +64,16 @@ pub enum KeyCommand {
         /// What the key is for, shown by `airlock key ls`.
         #[arg(long, default_value = "")]
         name: String,
+        /// Most sandboxes it may run at once [default: the server's --key-max-running].
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// Most sandboxes it may keep paused [default: the server's --key-max-paused].
+        #[arg(long)]
+        max_paused: Option<u32>,
+        /// Most disk its snapshots may take, in MiB [default: the server's
+        /// --key-max-snapshot-mb].
+        #[arg(long)]
+        max_snapshot_mb: Option<u64>,
     },
     /// List API keys: id (the first 12 hex digits of the key's SHA-256), name, dates.
     Ls,
@@ -436,10 +446,22 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
     let now = airlock_core::lifecycle::now_unix();
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
     match cmd {
-        KeyCommand::Create { name } => {
+        KeyCommand::Create {
+            name,
+            max_running,
+            max_paused,
+            max_snapshot_mb,
+        } => {
             let key = crate::serve::new_api_key();
             let hash = crate::api::hash_key(&key);
-            store.add_api_key_hash(&hash, &name, now).map_err(failed)?;
+            let limits = KeyLimits {
+                max_running,
+                max_paused,
+                max_snapshot_mb,
+            };
+            store
+                .add_api_key_hash(&hash, &name, now, limits)
+                .map_err(failed)?;
             println!("{key}");
             eprintln!(
                 "key id {} (store the key now: it is not shown again)",
@@ -447,7 +469,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             );
         }
         KeyCommand::Ls => {
-            let rows: Vec<[String; 4]> = store
+            let rows: Vec<[String; 5]> = store
                 .api_keys()
                 .map_err(failed)?
                 .into_iter()
@@ -456,11 +478,12 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
                         k.id,
                         k.name,
                         rfc3339(k.created_at),
+                        limits_column(&k.limits),
                         k.revoked_at.map(rfc3339).unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect();
-            print_table(&["ID", "NAME", "CREATED", "REVOKED"], &rows);
+            print_table(&["ID", "NAME", "CREATED", "LIMITS", "REVOKED"], &rows);
         }
         KeyCommand::Revoke { id } => {
             if !store.revoke_api_key(&id, now).map_err(failed)? {
@@ -472,6 +495,23 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A key's own limits, `-` when it has none (the server's defaults apply).
+fn limits_column(limits: &KeyLimits) -> String {
+    let set: Vec<String> = [
+        limits.max_running.map(|n| format!("running={n}")),
+        limits.max_paused.map(|n| format!("paused={n}")),
+        limits.max_snapshot_mb.map(|n| format!("snapshot_mb={n}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if set.is_empty() {
+        "-".into()
+    } else {
+        set.join(",")
+    }
 }
 
 fn open_store(data: &DataDir) -> Result<Store, CliError> {

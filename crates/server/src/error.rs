@@ -35,7 +35,7 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::TemplateNotFound(_) | LifecycleError::SandboxNotFound(_) => {
                 StatusCode::NOT_FOUND
             }
-            LifecycleError::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LifecycleError::Capacity(_) | LifecycleError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             LifecycleError::TimeoutTooLong { .. }
             | LifecycleError::BadSnapshotName(_)
             | LifecycleError::BadRequest(_) => StatusCode::BAD_REQUEST,

@@ -1,7 +1,7 @@
 //! `airlock`: the Airlock server and its command-line client.
 
 use airlock_core::driver::Resources;
-use airlock_core::lifecycle::Limits;
+use airlock_core::lifecycle::{KeyQuota, Limits};
 use airlock_server::data_dir::DataDir;
 use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
@@ -60,9 +60,21 @@ enum Command {
         /// Path of the `airlock-agent` binary to run inside sandboxes [default: next to `airlock`].
         #[arg(long)]
         agent_bin: Option<PathBuf>,
-        /// Most sandboxes running at once.
+        /// Most sandboxes running at once, for all API keys together. Creates and resumes
+        /// beyond it get 429.
         #[arg(long, default_value_t = 256)]
         max_sandboxes: usize,
+        /// Most sandboxes one API key may run at once, unless the key has its own limit
+        /// (`airlock key create --max-running`) [default: --max-sandboxes].
+        #[arg(long)]
+        key_max_running: Option<usize>,
+        /// Most sandboxes one API key may keep paused, unless the key has its own limit.
+        #[arg(long, default_value_t = 256)]
+        key_max_paused: usize,
+        /// Most disk, in MiB, one API key's snapshots may take, unless the key has its own
+        /// limit.
+        #[arg(long, default_value_t = 102_400)]
+        key_max_snapshot_mb: u64,
         /// Seconds a sandbox lives when the create request names no timeout.
         #[arg(long, default_value_t = 300)]
         default_timeout: u64,
@@ -147,6 +159,9 @@ async fn run(cli: Cli) -> ExitCode {
             listen,
             agent_bin,
             max_sandboxes,
+            key_max_running,
+            key_max_paused,
+            key_max_snapshot_mb,
             default_timeout,
             pool_size,
             max_cpu_count,
@@ -161,6 +176,11 @@ async fn run(cli: Cli) -> ExitCode {
             insecure_open_network,
             limits: Limits {
                 max_sandboxes,
+                per_key: KeyQuota {
+                    running: key_max_running.unwrap_or(max_sandboxes),
+                    paused: key_max_paused,
+                    snapshot_mb: key_max_snapshot_mb,
+                },
                 default_timeout: Duration::from_secs(default_timeout),
                 pool_size,
                 max_resources: Resources {

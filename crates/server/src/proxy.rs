@@ -105,7 +105,7 @@ pub async fn route_sandbox_traffic(
 ) -> Response {
     match classify(req.headers(), req.uri()) {
         None => next.run(req).await,
-        Some(Target::Sandbox { id, port }) => match state.lifecycle.get(&id) {
+        Some(Target::Sandbox { id, port }) => match state.lifecycle.running(&id).await {
             Ok(sandbox) if !traffic_allowed(&sandbox, port, req.headers()) => {
                 crate::error::ApiError::new(
                     StatusCode::FORBIDDEN,
@@ -120,7 +120,7 @@ pub async fn route_sandbox_traffic(
             Ok(sandbox) => forward(&state, sandbox, port, req).await,
             Err(_) => sandbox_not_found(&id),
         },
-        Some(Target::SignedFiles) => match signer_of(&state, req.method(), req.uri()) {
+        Some(Target::SignedFiles) => match signer_of(&state, req.method(), req.uri()).await {
             Some(sandbox) => forward(&state, sandbox, ENVD_PORT, req).await,
             None => crate::error::ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -145,7 +145,7 @@ fn traffic_allowed(sandbox: &Sandbox, port: u16, headers: &HeaderMap) -> bool {
         return true;
     }
     let (Some(expected), Some(given)) = (
-        record.traffic_access_token,
+        record.traffic_access_token.as_deref(),
         headers.get(TRAFFIC_TOKEN_HEADER),
     ) else {
         return false;
@@ -180,7 +180,7 @@ fn bad_gateway(id: &str, message: &str) -> Response {
 /// puts no sandbox id in such a URL, so the first request for a signature checks it against
 /// each running sandbox's token, one hash each (the method fixes the operation), and remembers
 /// the answer: requests for that URL after it are found in O(1).
-fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox>> {
+async fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox>> {
     let operation = match *method {
         Method::GET | Method::HEAD => FileOperation::Read,
         Method::POST => FileOperation::Write,
@@ -200,14 +200,15 @@ fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox
         let expected = signature(path, operation, username, token, expiration);
         constant_time_eq(expected.as_bytes(), given.as_bytes())
     };
-    let remembered = state.signers.get(given);
-    if let Some(sandbox) = remembered.and_then(|id| state.lifecycle.get(id.as_str()).ok()) {
-        if sandbox.access_token().as_deref().is_some_and(signed_by) {
-            return Some(sandbox);
+    if let Some(id) = state.signers.get(given) {
+        if let Ok(sandbox) = state.lifecycle.running(id.as_str()).await {
+            if sandbox.access_token().as_deref().is_some_and(signed_by) {
+                return Some(sandbox);
+            }
         }
     }
     let sandbox = state.lifecycle.find_by_access_token(signed_by)?;
-    state.signers.remember(given, sandbox.id());
+    state.signers.remember(given, sandbox.id().clone());
     Some(sandbox)
 }
 
@@ -288,6 +289,9 @@ const HOP_BY_HOP: &[&str] = &[
 
 async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Request) -> Response {
     let id = sandbox.id().to_string();
+    let Some(agent) = sandbox.agent() else {
+        return sandbox_not_found(&id);
+    };
     if INTERNAL_PATHS.contains(&req.uri().path()) {
         return crate::error::ApiError::not_found(format!(
             "{} is not a public route",
@@ -301,7 +305,7 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    parts.uri = match format!("http://{}:{port}{path}", sandbox.agent()).parse() {
+    parts.uri = match format!("http://{agent}:{port}{path}").parse() {
         Ok(uri) => uri,
         Err(_) => {
             return crate::error::ApiError::bad_request("malformed request path").into_response()

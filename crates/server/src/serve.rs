@@ -5,7 +5,7 @@ use crate::data_dir::DataDir;
 use crate::{api, listen, proxy, AppState, AppStateInner};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits};
-use airlock_core::store::Store;
+use airlock_core::store::{KeyLimits, Store};
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -55,6 +55,7 @@ fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
             &api::hash_key(key.trim()),
             "from AIRLOCK_API_KEY",
             airlock_core::lifecycle::now_unix(),
+            KeyLimits::default(),
         )?;
         return Ok(KeySource::Environment);
     }
@@ -66,6 +67,7 @@ fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
         &api::hash_key(&key),
         "generated at first start",
         airlock_core::lifecycle::now_unix(),
+        KeyLimits::default(),
     )?;
     write_private(&data.api_key_file(), key.as_bytes())?;
     Ok(KeySource::Generated(key))

@@ -194,18 +194,18 @@ pub(crate) async fn forget_address(addr: Ipv4Addr) -> Result<(), DriverError> {
     ss.args(["--kill", "--tcp", "--udp", "--all", "dst", &addr]);
     let killed = host_cmd::run(&format!("ss --kill dst {addr}"), ss, None).await;
     for direction in ["--orig-src", "--orig-dst"] {
-        let mut conntrack = Command::new("conntrack");
-        conntrack.args(["--delete", direction, &addr]);
-        // conntrack fails when there was nothing to delete, which is what it usually finds.
-        if let Err(e) = host_cmd::run(
-            &format!("conntrack --delete {direction} {addr}"),
-            conntrack,
-            None,
-        )
-        .await
-        {
-            if !e.to_string().contains("0 flow entries") {
-                return Err(e);
+        // conntrack lists, then deletes one by one, and gives up at the first flow that went
+        // away meanwhile (the sockets just destroyed end theirs): so again, until it finds
+        // nothing left, which it reports as a failure.
+        for _ in 0..10 {
+            let mut conntrack = Command::new("conntrack");
+            conntrack.args(["--delete", direction, &addr]);
+            let what = format!("conntrack --delete {direction} {addr}");
+            match host_cmd::run(&what, conntrack, None).await {
+                Ok(()) => continue,
+                Err(e) if e.to_string().contains("0 flow entries") => break,
+                Err(e) if e.to_string().contains("such conntrack doesn't exist") => continue,
+                Err(e) => return Err(e),
             }
         }
     }

@@ -1,0 +1,281 @@
+//! The verbs built on checkpoints: pause, resume, snapshot and fork. Each holds the sandbox's
+//! verb lock from start to end, moves it through its own phase, and leaves it as it was if it
+//! fails: a pause or snapshot that cannot be written (a full disk, say) leaves it running, a
+//! resume that cannot start leaves it paused.
+
+use super::sandbox::{Phase, Sandbox};
+use super::{now_unix, paused_image, snapshot_image, CreateParams, Lifecycle, LifecycleError};
+use crate::driver::{DriverError, LaunchSpec};
+use crate::ids::{SandboxId, TemplateName};
+use crate::store::{SandboxState, SnapshotRecord};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A failed checkpoint as the API reports it: a full disk is the caller's to hear about.
+pub(super) fn checkpoint_error(e: DriverError) -> LifecycleError {
+    match e {
+        DriverError::NoSpace(what) => LifecycleError::NoSpace(what),
+        other => LifecycleError::Driver(other),
+    }
+}
+
+impl Lifecycle {
+    /// Pauses a running sandbox: its memory, processes and files go to disk, and it stops
+    /// taking a slot. On failure (a full disk, say) it keeps running as it was.
+    pub async fn pause(&self, id: &str) -> Result<(), LifecycleError> {
+        let sandbox = self.find(id)?;
+        let Some(_verb) = sandbox.lock_verb().await else {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        };
+        self.pause_locked(&sandbox).await
+    }
+
+    /// [`Lifecycle::pause`] of a sandbox whose verb lock the caller holds.
+    pub(super) async fn pause_locked(&self, sandbox: &Sandbox) -> Result<(), LifecycleError> {
+        let id = sandbox.id().as_str();
+        let placement = match (sandbox.phase(), sandbox.placement()) {
+            (Phase::Running, Some(placement)) => placement,
+            (Phase::Paused, _) => return Err(LifecycleError::AlreadyPaused(id.to_owned())),
+            _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
+        };
+        let quota = self.quota(sandbox.owner())?;
+        self.sandboxes.begin_pause(sandbox, &quota)?;
+        sandbox.cut_streams();
+        let record = sandbox.record();
+        let image = paused_image(&record.id);
+        let back = |e: LifecycleError| {
+            sandbox.set_phase(Phase::Running, Some(placement));
+            Err(e)
+        };
+        if let Err(e) = self
+            .driver
+            .checkpoint(&record.id, placement.slot, &image)
+            .await
+        {
+            tracing::warn!(sandbox = %record.id, error = %e, "pause failed; sandbox keeps running");
+            return back(checkpoint_error(e));
+        }
+        let stored = self
+            .store
+            .set_state(&record.id, SandboxState::Paused, None, record.end_at);
+        if let Err(e) = stored {
+            let _ = self.driver.delete_image(&image).await;
+            return back(e.into());
+        }
+        // Waited for, not backgrounded: a resume right after must find the id free.
+        self.release(record.id.clone(), placement.slot).await;
+        sandbox.set_phase(Phase::Paused, None);
+        tracing::info!(sandbox = %record.id, "paused");
+        Ok(())
+    }
+
+    /// Resumes a paused sandbox where it left off, with a new deadline `timeout` from now.
+    pub async fn resume(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Arc<Sandbox>, LifecycleError> {
+        let timeout = self.clamp_timeout(timeout)?;
+        let sandbox = self.find(id)?;
+        let Some(_verb) = sandbox.lock_verb().await else {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        };
+        match sandbox.phase() {
+            Phase::Paused => {}
+            Phase::Running => return Err(LifecycleError::AlreadyRunning(id.to_owned())),
+            _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
+        }
+        let quota = self.quota(sandbox.owner())?;
+        self.sandboxes
+            .admit_resume(&sandbox, self.limits.max_sandboxes, &quota)?;
+        let record = sandbox.record();
+        let spec = LaunchSpec {
+            id: record.id.clone(),
+            rootfs: record.rootfs.clone(),
+            resources: record.resources,
+            egress: record.egress.clone(),
+        };
+        let image = paused_image(&record.id);
+        let placement = match self.bring_up(&spec, Some(&image)).await {
+            Ok(placement) => placement,
+            Err(e) => {
+                tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
+                sandbox.set_phase(Phase::Paused, None);
+                return Err(e);
+            }
+        };
+        let end_at = now_unix() + timeout.as_secs() as i64;
+        let stored = self.store.set_state(
+            &record.id,
+            SandboxState::Running,
+            Some(placement.slot),
+            end_at,
+        );
+        if let Err(e) = stored {
+            self.release(record.id.clone(), placement.slot).await;
+            sandbox.set_phase(Phase::Paused, None);
+            return Err(e.into());
+        }
+        // The image is spent: the next pause writes a new one from the resumed state.
+        if let Err(e) = self.driver.delete_image(&image).await {
+            tracing::warn!(sandbox = %record.id, error = %e, "deleting the resumed image failed");
+        }
+        sandbox.update_record(|r| r.end_at = end_at);
+        sandbox.set_phase(Phase::Running, Some(placement));
+        tracing::info!(sandbox = %record.id, "resumed");
+        Ok(sandbox.clone())
+    }
+
+    /// `owner`'s snapshot called `name`; another key's snapshot is not found, exactly as one that
+    /// does not exist.
+    pub(super) fn owned_snapshot(
+        &self,
+        owner: Option<&str>,
+        name: &TemplateName,
+    ) -> Result<Option<SnapshotRecord>, LifecycleError> {
+        match owner {
+            Some(owner) => Ok(self.store.snapshot(owner, name)?),
+            None => Ok(None),
+        }
+    }
+
+    /// Saves a running sandbox's state as a snapshot that `create` accepts in place of a
+    /// template, for the sandbox's owner only; the sandbox keeps running (its traffic waits
+    /// meanwhile). The owner's snapshot of the same name is replaced. A name can never be a
+    /// template's, built or not: templates are found first, so such a snapshot could never be
+    /// started.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        name: Option<&str>,
+    ) -> Result<SnapshotRecord, LifecycleError> {
+        let snapshot_id = match name {
+            Some(n) => {
+                TemplateName::parse(n).map_err(|_| LifecycleError::BadSnapshotName(n.to_owned()))?
+            }
+            None => TemplateName::parse(&format!("snap-{}", SandboxId::generate()))
+                .expect("generated names are valid"),
+        };
+        if crate::template::KNOWN_TEMPLATES.contains(&snapshot_id.as_str())
+            || self.store.template(&snapshot_id)?.is_some()
+        {
+            return Err(LifecycleError::BadSnapshotName(format!(
+                "{snapshot_id} (a template has that name)"
+            )));
+        }
+        let sandbox = self.find(id)?;
+        let Some(_verb) = sandbox.lock_verb().await else {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        };
+        let placement = match (sandbox.phase(), sandbox.placement()) {
+            (Phase::Running, Some(placement)) => placement,
+            (Phase::Paused, _) => return Err(LifecycleError::AlreadyPaused(id.to_owned())),
+            _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
+        };
+        let owner = sandbox.owner().unwrap_or_default().to_owned();
+        self.check_snapshot_room(&owner)?;
+        sandbox.enter(Phase::Snapshotting);
+        sandbox.cut_streams();
+        let record = sandbox.record();
+        let image = snapshot_image(&owner, &snapshot_id);
+        let result = async {
+            self.driver
+                .checkpoint(&record.id, placement.slot, &image)
+                .await
+                .map_err(checkpoint_error)?;
+            let snapshot = SnapshotRecord {
+                id: snapshot_id,
+                size_bytes: self.driver.image_size(&image),
+                image,
+                template: record.template.clone(),
+                rootfs: record.rootfs.clone(),
+                source_sandbox: record.id.clone(),
+                access_token: record.access_token.clone(),
+                created_at: now_unix(),
+                owner,
+            };
+            self.store.insert_snapshot(&snapshot)?;
+            Ok(snapshot)
+        }
+        .await;
+        sandbox.set_phase(Phase::Running, Some(placement));
+        result
+    }
+
+    /// Refuses a snapshot once `owner`'s snapshots take its quota of disk.
+    fn check_snapshot_room(&self, owner: &str) -> Result<(), LifecycleError> {
+        let quota = self.quota(Some(owner))?;
+        let used: u64 = self.snapshots(owner)?.iter().map(|s| s.size_bytes).sum();
+        if used >= quota.snapshot_mb << 20 {
+            return Err(LifecycleError::Quota(format!(
+                "this API key's snapshots take {} MiB of the {} MiB it may use; delete some first",
+                used >> 20,
+                quota.snapshot_mb
+            )));
+        }
+        Ok(())
+    }
+
+    /// `owner`'s snapshots, oldest first.
+    pub fn snapshots(&self, owner: &str) -> Result<Vec<SnapshotRecord>, LifecycleError> {
+        let mut all = self.store.snapshots()?;
+        all.retain(|s| s.owner == owner);
+        Ok(all)
+    }
+
+    /// Deletes `owner`'s snapshot and its image; returns whether it existed.
+    pub async fn delete_snapshot(&self, owner: &str, id: &str) -> Result<bool, LifecycleError> {
+        let Ok(name) = TemplateName::parse(id) else {
+            return Ok(false);
+        };
+        let Some(snapshot) = self.store.snapshot(owner, &name)? else {
+            return Ok(false);
+        };
+        self.store.delete_snapshot(owner, &name)?;
+        self.driver
+            .delete_image(&snapshot.image)
+            .await
+            .map_err(LifecycleError::Driver)?;
+        Ok(true)
+    }
+
+    /// Copies a running sandbox `count` times: one checkpoint, then a restore per copy. Each
+    /// copy gets its own id, token and hostname, and the source's metadata and env vars.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Result<Arc<Sandbox>, LifecycleError>>, LifecycleError> {
+        let source = self.running(id).await?.record();
+        let snapshot = self.snapshot(id, None).await?;
+        let mut forks = Vec::with_capacity(count);
+        for _ in 0..count {
+            forks.push(
+                self.create(CreateParams {
+                    template: snapshot.id.to_string(),
+                    timeout,
+                    metadata: source.metadata.clone(),
+                    env_vars: source.env_vars.clone(),
+                    secure: source.access_token.is_some(),
+                    pause_on_timeout: source.pause_on_timeout,
+                    auto_resume: source.auto_resume,
+                    owner: source.owner.clone(),
+                    cpu_count: Some(source.resources.cpu_count),
+                    memory_mb: Some(source.resources.memory_mb),
+                    disk_mb: Some(source.resources.disk_mb),
+                    egress: source.egress.clone(),
+                    require_traffic_token: source.require_traffic_token,
+                })
+                .await,
+            );
+        }
+        if let Err(e) = self
+            .delete_snapshot(&snapshot.owner, snapshot.id.as_str())
+            .await
+        {
+            tracing::warn!(snapshot = %snapshot.id, error = %e, "removing the fork's snapshot failed");
+        }
+        Ok(forks)
+    }
+}

@@ -1,0 +1,286 @@
+//! Creating a sandbox: admission, then a pooled copy of the template's golden image if one is
+//! ready, else a restore of that image (or of the owner's snapshot), else a boot; then the
+//! claim that makes it the caller's.
+
+use super::sandbox::{Phase, Sandbox};
+use super::{CreateParams, Lifecycle, LifecycleError};
+use crate::driver::{LaunchSpec, Placement, Resources};
+use crate::egress::Egress;
+use crate::ids::{random_token, SandboxId, TemplateName};
+use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, TemplateRecord};
+use airlock_wire::envd::InitRequest;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The smallest memory and disk a create may ask for: below them the agent and a shell do not
+/// fit.
+const MIN_MEMORY_MB: u32 = 128;
+const MIN_DISK_MB: u32 = 64;
+
+/// A sandbox that runs and whose agent answers, but that no user owns yet.
+pub(super) struct Started {
+    pub id: SandboxId,
+    pub placement: Placement,
+    pub rootfs: PathBuf,
+    /// The access token its agent holds (restored from a snapshot: the source's).
+    pub token: Option<String>,
+    /// The policy it was started with.
+    pub egress: Egress,
+}
+
+/// What a create starts from.
+enum Source {
+    Template(TemplateRecord),
+    Snapshot(SnapshotRecord),
+}
+
+impl Lifecycle {
+    pub async fn create(&self, params: CreateParams) -> Result<Arc<Sandbox>, LifecycleError> {
+        let name = TemplateName::parse(&params.template)
+            .map_err(|_| LifecycleError::TemplateNotFound(params.template.clone()))?;
+        let timeout = self.clamp_timeout(params.timeout)?;
+        let resources = self.resources_for(&params)?;
+        let quota = self.quota(params.owner.as_deref())?;
+        let source = match self.store.template(&name)? {
+            Some(template) => Source::Template(template),
+            None => match self.owned_snapshot(params.owner.as_deref(), &name)? {
+                Some(snapshot) => Source::Snapshot(snapshot),
+                None => return Err(LifecycleError::TemplateNotFound(params.template)),
+            },
+        };
+        // Pooled sandboxes have the default resources; a policy is applied as they are claimed.
+        let pooled = match &source {
+            Source::Template(t) if resources == self.limits.default_resources => {
+                self.take_pooled(t)
+            }
+            _ => None,
+        };
+        let rootfs = match &source {
+            Source::Template(t) => t.rootfs.clone(),
+            Source::Snapshot(s) => s.rootfs.clone(),
+        };
+        let id = pooled
+            .as_ref()
+            .map_or_else(SandboxId::generate, |p| p.id.clone());
+        let record = new_record(id.clone(), name, rootfs, resources, timeout, params);
+        let sandbox = Sandbox::new(record, Phase::Starting, None);
+        if let Err(e) = self
+            .sandboxes
+            .admit(sandbox.clone(), self.limits.max_sandboxes, &quota)
+        {
+            if let Some(pooled) = pooled {
+                self.return_pooled(pooled);
+            }
+            return Err(e);
+        }
+        let started = match (pooled, source) {
+            (Some(pooled), _) => Ok(pooled),
+            (None, Source::Template(template)) => self.boot_or_restore(&sandbox, &template).await,
+            (None, Source::Snapshot(snapshot)) => {
+                // The snapshot's processes run as soon as it is restored: the policy goes first.
+                let record = sandbox.record();
+                let launch = (record.resources, record.egress.clone());
+                let started = self
+                    .start(&id, &snapshot.rootfs, Some(&snapshot.image), launch)
+                    .await;
+                started.map(|s| Started {
+                    token: snapshot.access_token,
+                    ..s
+                })
+            }
+        };
+        match started {
+            Ok(started) => self.claim(&sandbox, started).await,
+            Err(e) => {
+                self.sandboxes.remove(&id);
+                Err(e)
+            }
+        }
+        .map(|()| sandbox)
+    }
+
+    /// Restores the template's golden image, or boots it when there is none (or it is bad).
+    async fn boot_or_restore(
+        &self,
+        sandbox: &Sandbox,
+        template: &TemplateRecord,
+    ) -> Result<Started, LifecycleError> {
+        let record = sandbox.record();
+        let launch = (record.resources, record.egress.clone());
+        let golden = self.golden_image(template);
+        if self.driver.has_image(&golden) {
+            match self
+                .restore_golden(sandbox.id(), template, &golden, launch.clone())
+                .await
+            {
+                // The image is bad and being made again: boot this one instead.
+                Err(LifecycleError::Agent(_)) => {}
+                started => return started,
+            }
+        }
+        self.start(sandbox.id(), &template.rootfs, None, launch)
+            .await
+    }
+
+    /// The create's resources, each defaulted and checked against the server's maximum.
+    fn resources_for(&self, params: &CreateParams) -> Result<Resources, LifecycleError> {
+        let (default, max) = (self.limits.default_resources, self.limits.max_resources);
+        let pick = |asked: Option<u32>, default: u32, min: u32, max: u32, what: &str| {
+            // A server started with a maximum below the default hands out the maximum.
+            let value = asked.unwrap_or(default.min(max));
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(LifecycleError::BadRequest(format!(
+                    "{what} must be between {min} and {max} on this server, not {value}"
+                )))
+            }
+        };
+        Ok(Resources {
+            cpu_count: pick(
+                params.cpu_count,
+                default.cpu_count,
+                1,
+                max.cpu_count,
+                "cpuCount",
+            )?,
+            memory_mb: pick(
+                params.memory_mb,
+                default.memory_mb,
+                MIN_MEMORY_MB,
+                max.memory_mb,
+                "memoryMB",
+            )?,
+            disk_mb: pick(
+                params.disk_mb,
+                default.disk_mb,
+                MIN_DISK_MB,
+                max.disk_mb,
+                "diskSizeMB",
+            )?,
+        })
+    }
+
+    /// Boots a sandbox with this id, or restores it from `image`, and waits for its agent.
+    pub(super) async fn start(
+        &self,
+        id: &SandboxId,
+        rootfs: &Path,
+        image: Option<&str>,
+        (resources, egress): (Resources, Egress),
+    ) -> Result<Started, LifecycleError> {
+        let spec = LaunchSpec {
+            id: id.clone(),
+            rootfs: rootfs.to_owned(),
+            resources,
+            egress,
+        };
+        let placement = self.bring_up(&spec, image).await?;
+        Ok(Started {
+            id: spec.id,
+            placement,
+            rootfs: spec.rootfs,
+            token: None,
+            egress: spec.egress,
+        })
+    }
+
+    /// Boots the sandbox, or restores it from `image`, and waits for its agent; on failure
+    /// whatever was started is destroyed (a failed launch cleans up after itself).
+    pub(super) async fn bring_up(
+        &self,
+        spec: &LaunchSpec,
+        image: Option<&str>,
+    ) -> Result<Placement, LifecycleError> {
+        let placement = match image {
+            Some(image) => self.driver.restore(spec, image).await,
+            None => self.driver.launch(spec).await,
+        }
+        .map_err(LifecycleError::Driver)?;
+        let ready = self
+            .agent
+            .wait_ready(placement.agent, self.limits.agent_start_timeout)
+            .await;
+        if let Err(e) = ready {
+            self.release(spec.id.clone(), placement.slot).await;
+            return Err(LifecycleError::Agent(e));
+        }
+        Ok(placement)
+    }
+
+    /// Makes a started sandbox the caller's: its policy, its row, its identity (`/init`). On
+    /// failure nothing of it is left.
+    async fn claim(&self, sandbox: &Sandbox, started: Started) -> Result<(), LifecycleError> {
+        let id = sandbox.id().clone();
+        let slot = started.placement.slot;
+        let failed = |e: LifecycleError| {
+            self.sandboxes.remove(&id);
+            Err(e)
+        };
+        let egress = sandbox.record().egress.clone();
+        if started.egress != egress {
+            if let Err(e) = self.driver.set_egress(slot, &egress).await {
+                self.release(started.id, slot).await;
+                return failed(LifecycleError::Driver(e));
+            }
+        }
+        sandbox.update_record(|r| {
+            r.slot = Some(slot);
+            r.rootfs = started.rootfs.clone();
+        });
+        let record = sandbox.record();
+        if let Err(e) = self.store.insert_sandbox(&record) {
+            self.release(started.id, slot).await;
+            return failed(e.into());
+        }
+        let init = InitRequest {
+            env_vars: record.env_vars.clone(),
+            access_token: record.access_token.clone(),
+            traffic_access_token: record.traffic_access_token.clone(),
+            default_user: Some("user".into()),
+            default_workdir: None,
+            hostname: Some(record.id.to_string()),
+        };
+        let addr = started.placement.agent;
+        if let Err(e) = self.agent.init(addr, started.token.as_deref(), &init).await {
+            self.discard(&record.id, slot).await;
+            return failed(LifecycleError::Agent(e));
+        }
+        sandbox.set_phase(Phase::Running, Some(started.placement));
+        Ok(())
+    }
+}
+
+/// The record of a sandbox a create is making.
+fn new_record(
+    id: SandboxId,
+    template: TemplateName,
+    rootfs: PathBuf,
+    resources: Resources,
+    timeout: Duration,
+    params: CreateParams,
+) -> SandboxRecord {
+    let now = super::now_unix();
+    SandboxRecord {
+        id,
+        template,
+        rootfs,
+        state: SandboxState::Running,
+        slot: None,
+        access_token: params.secure.then(|| random_token(32)),
+        metadata: params.metadata,
+        env_vars: params.env_vars,
+        started_at: now,
+        end_at: now + timeout.as_secs() as i64,
+        resources,
+        pause_on_timeout: params.pause_on_timeout,
+        auto_resume: params.auto_resume,
+        owner: params.owner,
+        egress: params.egress,
+        // Every sandbox has one: the SDK proves itself on the code interpreter's context routes
+        // with it, whether or not the user ports demand it.
+        traffic_access_token: Some(random_token(32)),
+        require_traffic_token: params.require_traffic_token,
+    }
+}

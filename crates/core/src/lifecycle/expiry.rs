@@ -1,0 +1,146 @@
+//! Time and settings of a sandbox that exists: its deadline, connect, its network settings,
+//! and what happens when the deadline passes.
+
+use super::sandbox::{Phase, Sandbox};
+use super::{now_unix, Lifecycle, LifecycleError};
+use crate::egress::Egress;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long an automatic pause that found no disk space waits before it tries again; the
+/// sandbox keeps running meanwhile.
+const AUTO_PAUSE_RETRY: Duration = Duration::from_secs(60);
+
+impl Lifecycle {
+    /// Sets a running sandbox to expire `timeout` from now (replacing the old deadline).
+    pub fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
+        let timeout = self.clamp_timeout(Some(timeout))?;
+        let sandbox = self.find(id)?;
+        if sandbox.phase().shown() != Some(crate::store::SandboxState::Running) {
+            return Err(LifecycleError::SandboxNotFound(id.to_owned()));
+        }
+        self.extend(&sandbox, timeout)
+    }
+
+    /// Moves the deadline to `timeout` from now.
+    fn extend(&self, sandbox: &Sandbox, timeout: Duration) -> Result<(), LifecycleError> {
+        let end_at = now_unix() + timeout.as_secs() as i64;
+        self.store.set_end_at(sandbox.id(), end_at)?;
+        sandbox.update_record(|r| r.end_at = end_at);
+        Ok(())
+    }
+
+    /// E2B's connect: a running sandbox's deadline is moved to `timeout` from now if that is
+    /// later (connecting never shortens a sandbox's life); a paused one (or one being paused)
+    /// is resumed. Returns the sandbox and whether it was resumed.
+    pub async fn connect(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<(Arc<Sandbox>, bool), LifecycleError> {
+        let sandbox = self.find(id)?;
+        if matches!(sandbox.phase(), Phase::Running | Phase::Snapshotting) {
+            if let Some(t) = timeout {
+                let t = self.clamp_timeout(Some(t))?;
+                if now_unix() + t.as_secs() as i64 > sandbox.record().end_at {
+                    self.extend(&sandbox, t)?;
+                }
+            }
+            return Ok((sandbox, false));
+        }
+        Ok((self.resume(id, timeout).await?, true))
+    }
+
+    /// Replaces a sandbox's outbound rules (at once if it runs, at its resume if it is paused)
+    /// and, if given, whether its user ports demand the traffic token.
+    pub async fn set_network(
+        &self,
+        id: &str,
+        egress: Egress,
+        require_traffic_token: Option<bool>,
+    ) -> Result<(), LifecycleError> {
+        let sandbox = self.find(id)?;
+        let Some(_verb) = sandbox.lock_verb().await else {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        };
+        match (sandbox.phase(), sandbox.placement()) {
+            (Phase::Running, Some(placement)) => self
+                .driver
+                .set_egress(placement.slot, &egress)
+                .await
+                .map_err(LifecycleError::Driver)?,
+            (Phase::Paused, _) => {}
+            _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
+        }
+        let require = require_traffic_token.unwrap_or(sandbox.record().require_traffic_token);
+        self.store.set_network(sandbox.id(), &egress, require)?;
+        sandbox.update_record(|r| {
+            r.egress = egress;
+            r.require_traffic_token = require;
+        });
+        Ok(())
+    }
+
+    /// Kills (or, when asked for, pauses) every running sandbox whose deadline has passed and
+    /// that no verb is working on. Returns how many it started on.
+    pub fn reap_expired(self: &Arc<Self>) -> usize {
+        let now = now_unix();
+        let mut reaped = 0;
+        for sandbox in self.sandboxes.all() {
+            if sandbox.phase() != Phase::Running || sandbox.record().end_at > now {
+                continue;
+            }
+            let Some(verb) = sandbox.try_lock_verb() else {
+                continue; // a verb is at work on it; the next round looks again
+            };
+            reaped += 1;
+            let this = self.clone();
+            self.destroying.spawn(async move {
+                this.expire(&sandbox).await;
+                drop(verb);
+            });
+        }
+        reaped
+    }
+
+    /// What the deadline does to a sandbox whose verb lock the caller holds: a pause, if it
+    /// asked for one, else a kill. A pause that finds no disk space leaves it running and
+    /// tries again later; one refused for any other reason kills it.
+    async fn expire(&self, sandbox: &Sandbox) {
+        let record = sandbox.record();
+        if sandbox.phase() != Phase::Running || record.end_at > now_unix() {
+            return; // extended or changed while the lock was being taken
+        }
+        if record.pause_on_timeout {
+            tracing::info!(sandbox = %record.id, "timeout reached; pausing");
+            match self.pause_locked(sandbox).await {
+                Ok(()) => return,
+                Err(LifecycleError::NoSpace(why)) => {
+                    tracing::warn!(sandbox = %record.id, why, retry_in = ?AUTO_PAUSE_RETRY, "no disk space to pause; the sandbox keeps running");
+                    if let Err(e) = self.extend(sandbox, AUTO_PAUSE_RETRY) {
+                        tracing::error!(sandbox = %record.id, error = %e, "moving the deadline failed");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(sandbox = %record.id, error = %e, "pausing on timeout failed; killing")
+                }
+            }
+        } else {
+            tracing::info!(sandbox = %record.id, "timeout reached; killing");
+        }
+        let _ = self.stop(sandbox);
+    }
+
+    /// Runs the expiry loop until `stop` fires.
+    pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => { self.reap_expired(); }
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+}

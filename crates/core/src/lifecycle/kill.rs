@@ -1,0 +1,101 @@
+//! Killing sandboxes, and destroying what a sandbox holds on the host.
+
+use super::sandbox::{Phase, Sandbox};
+use super::{paused_image, Lifecycle, LifecycleError};
+use crate::ids::SandboxId;
+
+impl Lifecycle {
+    /// Kills a sandbox, running or paused: it is gone for every caller at once, and its open
+    /// streams are cut; the host cleanup finishes in the background (`shutdown` waits for it).
+    /// A verb at work on it (a pause, say) is waited for first.
+    pub async fn kill(&self, id: &str) -> Result<(), LifecycleError> {
+        let sandbox = self.find(id)?;
+        let Some(_verb) = sandbox.lock_verb().await else {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        };
+        self.stop(&sandbox)
+    }
+
+    /// [`Lifecycle::kill`] of a sandbox whose verb lock the caller holds.
+    pub(super) fn stop(&self, sandbox: &Sandbox) -> Result<(), LifecycleError> {
+        if sandbox.phase().shown().is_none() {
+            return Err(LifecycleError::SandboxNotFound(sandbox.id().to_string()));
+        }
+        let placement = sandbox.placement();
+        sandbox.set_phase(Phase::Stopping, None);
+        self.sandboxes.remove(sandbox.id());
+        let id = sandbox.id().clone();
+        match placement {
+            Some(placement) => {
+                self.destroying.spawn(self.discard(&id, placement.slot));
+            }
+            None => {
+                self.store.delete_sandbox(&id)?;
+                let driver = self.driver.clone();
+                self.destroying.spawn(async move {
+                    if let Err(e) = driver.delete_image(&paused_image(&id)).await {
+                        tracing::error!(sandbox = %id, error = %e, "deleting image failed");
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Destroys what a sandbox holds on the host (the driver frees its slot); its row (if any)
+    /// stays.
+    pub(super) fn release(
+        &self,
+        id: SandboxId,
+        slot: u32,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let driver = self.driver.clone();
+        async move {
+            if let Err(e) = driver.destroy(&id, slot).await {
+                tracing::error!(sandbox = %id, error = %e, "destroying sandbox failed");
+            }
+        }
+    }
+
+    /// Destroys whatever a sandbox holds and forgets it; the slot is free again only after that.
+    /// Failures are logged: the orphan sweep at the next start catches anything left.
+    pub(super) fn discard(
+        &self,
+        id: &SandboxId,
+        slot: u32,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (store, id) = (self.store.clone(), id.clone());
+        let release = self.release(id.clone(), slot);
+        async move {
+            release.await;
+            if let Err(e) = store.delete_sandbox(&id) {
+                tracing::error!(sandbox = %id, error = %e, "forgetting sandbox failed");
+            }
+        }
+    }
+
+    /// Kills every running and pooled sandbox and waits until the host holds nothing of them.
+    /// Paused sandboxes stay on disk for the next start.
+    pub async fn shutdown(&self) {
+        for sandbox in self.sandboxes.all() {
+            let Some(_verb) = sandbox.lock_verb().await else {
+                continue;
+            };
+            if sandbox.phase() != Phase::Paused {
+                let _ = self.stop(&sandbox);
+            }
+        }
+        for p in self.pools.drain() {
+            self.destroying.spawn(self.release(p.id, p.placement.slot));
+        }
+        self.settle().await;
+        self.driver.shutdown().await;
+    }
+
+    /// Waits for the background destroys started so far.
+    pub async fn settle(&self) {
+        self.destroying.close();
+        self.destroying.wait().await;
+        self.destroying.reopen();
+    }
+}

@@ -1,0 +1,329 @@
+//! Sandbox lifecycle: create, find, extend, pause, resume, snapshot, fork, kill, expire, adopt
+//! after a restart, shut down. Each sandbox's state lives in one place, its [`Sandbox`] (a
+//! phase, its record, where it runs); the verbs that change it live one per file:
+//!
+//! - `create`: admission, pools and golden images handing over, booting, claiming;
+//! - `checkpoint`: pause, resume, snapshot, fork;
+//! - `kill`: kill, and what destroying a sandbox's host resources takes;
+//! - `expiry`: timeouts, connect, network settings;
+//! - `recovery`: adopting what runs after a restart, sweeping what nothing names;
+//! - `pools`: golden images and the pools of ready sandboxes.
+//!
+//! The store is written before the driver acts on a user's sandbox, so after a crash every host
+//! resource a sandbox may hold is named by a row (adopted or destroyed at the next start) or
+//! swept as an orphan.
+//!
+//! Fast start: for every template the lifecycle keeps a *golden image*, a checkpoint of a
+//! sandbox booted from it and warmed up (the code interpreter's kernel with its imports loaded),
+//! and a small pool of sandboxes already restored from it. A create takes a pooled sandbox and
+//! only hands it its identity (`/init`: env vars, token, hostname); with the pool empty it
+//! restores the golden image itself, and with no golden image yet it boots. Restored sandboxes
+//! share one memory image, so the agent reseeds what a restore copies (hostname, and the
+//! interpreter's random generators) when `/init` gives it a new hostname.
+
+mod checkpoint;
+mod create;
+mod expiry;
+mod kill;
+mod pools;
+mod recovery;
+mod registry;
+mod sandbox;
+#[cfg(test)]
+mod tests;
+
+pub use recovery::{adoptable_policies, RecoveryReport};
+pub use sandbox::{Phase, Sandbox};
+
+use crate::driver::{Driver, DriverError, Resources};
+use crate::egress::Egress;
+use crate::ids::{SandboxId, TemplateName};
+use crate::store::{SandboxRecord, Store, StoreError};
+use airlock_wire::envd::InitRequest;
+use pools::Pools;
+use registry::Registry;
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
+
+/// How the lifecycle reaches a sandbox's agent. The server implements it over HTTP; keeping it a
+/// trait keeps HTTP out of the core.
+#[async_trait::async_trait]
+pub trait AgentClient: Send + Sync + 'static {
+    /// Waits until the agent at `addr` answers its health check, or `within` passes.
+    async fn wait_ready(&self, addr: Ipv4Addr, within: Duration) -> Result<(), String>;
+    /// Hands the agent its sandbox's settings (`POST /init`), authenticated with the token the
+    /// agent holds now (a sandbox restored from a snapshot holds its source's).
+    async fn init(
+        &self,
+        addr: Ipv4Addr,
+        current_token: Option<&str>,
+        init: &InitRequest,
+    ) -> Result<(), String>;
+    /// Loads what the template preloads (the code interpreter's kernel and its usual imports)
+    /// before the template's golden image is taken. Templates without it succeed at once.
+    async fn warm_up(&self, addr: Ipv4Addr) -> Result<(), String>;
+}
+
+/// Server-wide defaults and caps.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    /// Sandboxes running (or starting, or being resumed) at once, for all keys together.
+    pub max_sandboxes: usize,
+    /// What each API key may hold unless its own limits say otherwise.
+    pub per_key: KeyQuota,
+    /// What a sandbox gets when its create names no resources.
+    pub default_resources: Resources,
+    /// The most a create may ask for.
+    pub max_resources: Resources,
+    /// How long a new sandbox's agent may take to answer.
+    pub agent_start_timeout: Duration,
+    /// Ready sandboxes kept per template (0 turns pools and golden images off).
+    pub pool_size: usize,
+    /// Pools are not refilled while the host has less memory available than this.
+    pub pool_min_available_mb: u64,
+}
+
+/// What one API key may hold at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyQuota {
+    pub running: usize,
+    pub paused: usize,
+    pub snapshot_mb: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            max_sandboxes: 256,
+            per_key: KeyQuota {
+                running: 256,
+                paused: 256,
+                snapshot_mb: 100 * 1024,
+            },
+            default_resources: Resources {
+                cpu_count: 2,
+                memory_mb: 1024,
+                disk_mb: 5120,
+            },
+            max_resources: Resources {
+                cpu_count: 8,
+                memory_mb: 8192,
+                disk_mb: 20480,
+            },
+            agent_start_timeout: Duration::from_secs(20),
+            pool_size: 2,
+            pool_min_available_mb: 2048,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("template '{0}' not found; build it with `airlock template build {0}`")]
+    TemplateNotFound(String),
+    #[error("sandbox '{0}' not found")]
+    SandboxNotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the server already runs its maximum of {0} sandboxes; try again when one ends")]
+    Capacity(usize),
+    /// An API key's own limit (see [`KeyQuota`]).
+    #[error("{0}")]
+    Quota(String),
+    #[error("timeout of {requested}s exceeds the maximum of {max}s")]
+    TimeoutTooLong { requested: u64, max: u64 },
+    #[error("sandbox '{0}' is already paused")]
+    AlreadyPaused(String),
+    #[error("sandbox '{0}' is already running")]
+    AlreadyRunning(String),
+    #[error("sandbox '{0}' is being paused, resumed or snapshotted; try again")]
+    Busy(String),
+    #[error("'{0}' is not a valid snapshot name (a-z, 0-9, '.', '_', '-'; at most 64)")]
+    BadSnapshotName(String),
+    #[error("not enough disk space: {0}; the sandbox keeps running")]
+    NoSpace(String),
+    #[error("starting the sandbox failed")]
+    Driver(#[source] DriverError),
+    #[error("the sandbox's agent did not start: {0}")]
+    Agent(String),
+    #[error("state store failed")]
+    Store(#[from] StoreError),
+}
+
+/// What a create asks for, already parsed.
+#[derive(Debug, Clone, Default)]
+pub struct CreateParams {
+    /// A template's or a snapshot's name.
+    pub template: String,
+    pub timeout: Option<Duration>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    /// Whether the agent demands an access token (v2 sandboxes always do).
+    pub secure: bool,
+    pub pause_on_timeout: bool,
+    pub auto_resume: bool,
+    /// The API key that creates it.
+    pub owner: Option<String>,
+    /// CPU, memory and disk asked for; each one left out gets the server's default.
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    pub disk_mb: Option<u32>,
+    pub egress: Egress,
+    /// E2B's `allowPublicTraffic: false`: its user ports demand the traffic token.
+    pub require_traffic_token: bool,
+}
+
+pub struct Lifecycle {
+    store: Arc<Store>,
+    driver: Arc<dyn Driver>,
+    agent: Arc<dyn AgentClient>,
+    limits: Limits,
+    /// Every sandbox from its admission to its kill, running or paused.
+    sandboxes: Registry,
+    pools: Pools,
+    /// Wakes the pool filler (a pooled sandbox was taken).
+    refill: Notify,
+    /// Destroys and auto-pauses running in the background (a kill answers before the host
+    /// cleanup is done).
+    destroying: TaskTracker,
+}
+
+pub fn now_unix() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+const GOLDEN_PREFIX: &str = "golden-";
+const PAUSED_PREFIX: &str = "paused-";
+const SNAPSHOT_PREFIX: &str = "snapshot-";
+
+/// The image a paused sandbox waits in.
+fn paused_image(id: &SandboxId) -> String {
+    format!("{PAUSED_PREFIX}{id}")
+}
+
+/// The image of `owner`'s snapshot `id`: owners may use the same names.
+fn snapshot_image(owner: &str, id: &TemplateName) -> String {
+    format!("{SNAPSHOT_PREFIX}{owner}-{id}")
+}
+
+impl Lifecycle {
+    pub fn new(
+        store: Arc<Store>,
+        driver: Arc<dyn Driver>,
+        agent: Arc<dyn AgentClient>,
+        limits: Limits,
+    ) -> Arc<Self> {
+        Arc::new(Lifecycle {
+            store,
+            driver,
+            agent,
+            limits,
+            sandboxes: Registry::default(),
+            pools: Pools::default(),
+            refill: Notify::new(),
+            destroying: TaskTracker::new(),
+        })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What the key `owner` may hold: its own limits, else the server's.
+    fn quota(&self, owner: Option<&str>) -> Result<KeyQuota, LifecycleError> {
+        let defaults = self.limits.per_key;
+        let Some(owner) = owner else {
+            return Ok(defaults);
+        };
+        let set = self.store.key_limits(owner)?;
+        Ok(KeyQuota {
+            running: set.max_running.map_or(defaults.running, |n| n as usize),
+            paused: set.max_paused.map_or(defaults.paused, |n| n as usize),
+            snapshot_mb: set.max_snapshot_mb.unwrap_or(defaults.snapshot_mb),
+        })
+    }
+
+    fn clamp_timeout(&self, timeout: Option<Duration>) -> Result<Duration, LifecycleError> {
+        let t = timeout.unwrap_or(self.limits.default_timeout);
+        if t > self.limits.max_timeout {
+            return Err(LifecycleError::TimeoutTooLong {
+                requested: t.as_secs(),
+                max: self.limits.max_timeout.as_secs(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// The sandbox with this id, in whatever phase, if it exists for the API (not starting,
+    /// not killed).
+    fn find(&self, id: &str) -> Result<Arc<Sandbox>, LifecycleError> {
+        SandboxId::parse(id)
+            .ok()
+            .and_then(|id| self.sandboxes.get(&id))
+            .filter(|s| s.phase().shown().is_some())
+            .ok_or_else(|| LifecycleError::SandboxNotFound(id.to_owned()))
+    }
+
+    /// A running sandbox, for its traffic. One being saved as a snapshot runs on afterwards,
+    /// so its traffic waits (a while) for it; one that is not running is not found.
+    pub async fn running(&self, id: &str) -> Result<Arc<Sandbox>, LifecycleError> {
+        let sandbox = self.find(id)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match sandbox.phase() {
+                Phase::Running => return Ok(sandbox),
+                Phase::Snapshotting if tokio::time::Instant::now() < deadline => {
+                    sandbox.changes(Duration::from_millis(500)).await
+                }
+                _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
+            }
+        }
+    }
+
+    /// A sandbox's record, running or paused.
+    pub fn record(&self, id: &str) -> Result<Arc<SandboxRecord>, LifecycleError> {
+        Ok(self.find(id)?.record())
+    }
+
+    /// The running sandbox whose access token `matches` accepts, if any: one call per running
+    /// sandbox that has a token, nothing copied.
+    pub fn find_by_access_token(&self, matches: impl Fn(&str) -> bool) -> Option<Arc<Sandbox>> {
+        self.sandboxes.find(|s| {
+            s.phase() == Phase::Running && s.access_token().as_deref().is_some_and(&matches)
+        })
+    }
+
+    /// Running and paused sandboxes, oldest first.
+    pub fn list_records(&self) -> Vec<Arc<SandboxRecord>> {
+        let mut all: Vec<Arc<SandboxRecord>> = self
+            .sandboxes
+            .all()
+            .iter()
+            .filter(|s| s.phase().shown().is_some())
+            .map(|s| s.record())
+            .collect();
+        all.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        all
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in MiB (unbounded if unreadable).
+fn available_memory_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(u64::MAX)
+}

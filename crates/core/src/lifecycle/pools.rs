@@ -1,0 +1,251 @@
+//! Golden images and pools: for each template, a checkpoint of a sandbox booted from it and
+//! warmed up, and a few sandboxes already restored from it, so that a create only hands one
+//! over. Pooled sandboxes belong to no one and are not in the registry; they hold no place
+//! among the running until a create admits them.
+
+use super::checkpoint::checkpoint_error;
+use super::create::Started;
+use super::{available_memory_mb, Lifecycle, LifecycleError, GOLDEN_PREFIX};
+use crate::driver::Resources;
+use crate::egress::Egress;
+use crate::ids::{SandboxId, TemplateName};
+use crate::store::TemplateRecord;
+use airlock_wire::envd::InitRequest;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Ready sandboxes of each template.
+#[derive(Default)]
+pub(super) struct Pools(Mutex<HashMap<TemplateName, Pool>>);
+
+#[derive(Default)]
+struct Pool {
+    ready: Vec<Started>,
+    /// Restores under way.
+    filling: usize,
+}
+
+impl Pools {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TemplateName, Pool>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every pooled sandbox, taken out of the pools.
+    pub fn drain(&self) -> Vec<Started> {
+        self.lock()
+            .values_mut()
+            .flat_map(|p| p.ready.drain(..))
+            .collect()
+    }
+}
+
+impl Lifecycle {
+    /// The golden image of a template as it is built now (a rebuilt template gets a new one).
+    pub(super) fn golden_image(&self, template: &TemplateRecord) -> String {
+        let hash = template
+            .content_hash
+            .get(..16)
+            .unwrap_or(&template.content_hash);
+        let runtime = self.driver.fingerprint();
+        format!("{GOLDEN_PREFIX}{}-{hash}-{runtime}", template.name)
+    }
+
+    /// How pooled sandboxes and golden images are started.
+    fn default_launch(&self) -> (Resources, Egress) {
+        (self.limits.default_resources, Egress::default())
+    }
+
+    /// Takes a ready sandbox of the template from its pool, if one is there.
+    pub(super) fn take_pooled(&self, template: &TemplateRecord) -> Option<Started> {
+        let pooled = self.pools.lock().get_mut(&template.name)?.ready.pop()?;
+        self.refill.notify_one();
+        if pooled.rootfs != template.rootfs {
+            // Restored before the template was rebuilt.
+            self.destroying
+                .spawn(self.release(pooled.id, pooled.placement.slot));
+            return None;
+        }
+        Some(pooled)
+    }
+
+    /// Puts back a pooled sandbox a create could not use (it was refused admission).
+    pub(super) fn return_pooled(&self, pooled: Started) {
+        let Some(name) = self
+            .store
+            .templates()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|t| t.rootfs == pooled.rootfs)
+            .map(|t| t.name)
+        else {
+            self.destroying
+                .spawn(self.release(pooled.id, pooled.placement.slot));
+            return;
+        };
+        self.pools
+            .lock()
+            .entry(name)
+            .or_default()
+            .ready
+            .push(pooled);
+    }
+
+    /// Keeps every template's golden image made and its pool full, until `stop` fires.
+    pub async fn run_pools(self: Arc<Self>, stop: CancellationToken) {
+        if self.limits.pool_size == 0 {
+            return;
+        }
+        let mut announced = HashSet::new();
+        loop {
+            let templates = self.store.templates().unwrap_or_default();
+            for template in &templates {
+                if stop.is_cancelled() {
+                    return;
+                }
+                let golden = self.golden_image(template);
+                if !self.driver.has_image(&golden) {
+                    match self.make_golden(template, &golden).await {
+                        Ok(()) => self.delete_stale_goldens(&templates).await,
+                        Err(e) => {
+                            tracing::warn!(template = %template.name, error = %e, "making the golden image failed")
+                        }
+                    }
+                    continue;
+                }
+                if announced.insert(golden.clone()) {
+                    tracing::info!(template = %template.name, image = %golden, "golden image reused");
+                }
+                self.fill_pool(template, &golden, &stop).await;
+            }
+            tokio::select! {
+                _ = self.refill.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Deletes golden images of templates as they were built before, or taken with another
+    /// agent or runtime: nothing restores from them any more, and each can be hundreds of MiB.
+    async fn delete_stale_goldens(&self, templates: &[TemplateRecord]) {
+        let current: HashSet<String> = templates.iter().map(|t| self.golden_image(t)).collect();
+        for image in self.driver.images().unwrap_or_default() {
+            if image.starts_with(GOLDEN_PREFIX) && !current.contains(&image) {
+                tracing::info!(image, "deleting a stale golden image");
+                if let Err(e) = self.driver.delete_image(&image).await {
+                    tracing::warn!(image, error = %e, "deleting a stale golden image failed");
+                }
+            }
+        }
+    }
+
+    /// Boots a sandbox from the template, warms it up and checkpoints it as its golden image.
+    async fn make_golden(
+        &self,
+        template: &TemplateRecord,
+        image: &str,
+    ) -> Result<(), LifecycleError> {
+        let started_at = std::time::Instant::now();
+        let id = SandboxId::generate();
+        let started = self
+            .start(&id, &template.rootfs, None, self.default_launch())
+            .await?;
+        let addr = started.placement.agent;
+        let init = InitRequest {
+            default_user: Some("user".into()),
+            ..Default::default()
+        };
+        let result = async {
+            self.agent
+                .init(addr, None, &init)
+                .await
+                .map_err(LifecycleError::Agent)?;
+            self.agent
+                .warm_up(addr)
+                .await
+                .map_err(LifecycleError::Agent)?;
+            self.driver
+                .checkpoint(&started.id, started.placement.slot, image)
+                .await
+                .map_err(checkpoint_error)
+        }
+        .await;
+        self.release(started.id, started.placement.slot).await;
+        if result.is_ok() {
+            tracing::info!(template = %template.name, image, elapsed = ?started_at.elapsed(), "golden image ready");
+        }
+        result
+    }
+
+    /// Restores sandboxes from the golden image until the pool holds `pool_size` (while the
+    /// host has memory to spare).
+    async fn fill_pool(&self, template: &TemplateRecord, golden: &str, stop: &CancellationToken) {
+        loop {
+            if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
+                return;
+            }
+            {
+                let mut pools = self.pools.lock();
+                let pool = pools.entry(template.name.clone()).or_default();
+                if pool.ready.len() + pool.filling >= self.limits.pool_size {
+                    return;
+                }
+                pool.filling += 1;
+            }
+            let id = SandboxId::generate();
+            let result = self
+                .restore_golden(&id, template, golden, self.default_launch())
+                .await;
+            let result = match result {
+                Ok(started) => {
+                    // The hostname now: the restored copy becomes itself before anyone asks.
+                    let init = InitRequest {
+                        default_user: Some("user".into()),
+                        hostname: Some(started.id.to_string()),
+                        ..Default::default()
+                    };
+                    match self.agent.init(started.placement.agent, None, &init).await {
+                        Ok(()) => Ok(started),
+                        Err(e) => {
+                            self.release(started.id, started.placement.slot).await;
+                            Err(LifecycleError::Agent(e))
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let mut pools = self.pools.lock();
+            let pool = pools.entry(template.name.clone()).or_default();
+            pool.filling -= 1;
+            match result {
+                Ok(started) => pool.ready.push(started),
+                Err(e) => {
+                    tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Restores a copy of the template's golden image as sandbox `id`. A copy whose agent never
+    /// answers means the image itself is bad (saved with a connection netstack could not
+    /// restore): it is deleted, so that the pools make it again, and the error returned.
+    pub(super) async fn restore_golden(
+        &self,
+        id: &SandboxId,
+        template: &TemplateRecord,
+        golden: &str,
+        launch: (Resources, Egress),
+    ) -> Result<Started, LifecycleError> {
+        let result = self.start(id, &template.rootfs, Some(golden), launch).await;
+        if let Err(LifecycleError::Agent(e)) = &result {
+            tracing::warn!(template = %template.name, image = golden, error = %e, "a copy of the golden image does not answer; making it again");
+            if let Err(e) = self.driver.delete_image(golden).await {
+                tracing::warn!(image = golden, error = %e, "deleting the golden image failed");
+            }
+        }
+        result
+    }
+}

@@ -1,0 +1,114 @@
+//! After a (re)start: the sandboxes the store names are adopted (running ones whose runtime and
+//! agent still answer, paused ones whose image is there) or removed, and host resources and
+//! images that nothing names are swept.
+
+use super::sandbox::{Phase, Sandbox};
+use super::{now_unix, paused_image, Lifecycle, LifecycleError, PAUSED_PREFIX, SNAPSHOT_PREFIX};
+use crate::egress::Egress;
+use crate::ids::SandboxId;
+use crate::store::{SandboxState, Store, StoreError};
+use std::collections::HashSet;
+use std::time::Duration;
+
+#[derive(Debug, Default)]
+pub struct RecoveryReport {
+    pub adopted: Vec<SandboxId>,
+    pub paused: Vec<SandboxId>,
+    pub removed: Vec<SandboxId>,
+}
+
+/// The slots and policies of the sandboxes a restart will try to adopt: the driver puts them
+/// in force when it starts, before anything else runs, so no sandbox is ever unconfined.
+pub fn adoptable_policies(store: &Store) -> Result<Vec<(u32, Egress)>, StoreError> {
+    Ok(store
+        .sandboxes()?
+        .into_iter()
+        .filter(|r| r.state == SandboxState::Running)
+        .filter_map(|r| Some((r.slot?, r.egress)))
+        .collect())
+}
+
+impl Lifecycle {
+    /// Adopts every recorded running sandbox whose runtime and agent still answer, destroys the
+    /// rest, keeps paused ones whose image is there, then sweeps host resources and images that
+    /// no record names.
+    pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
+        let mut report = RecoveryReport::default();
+        let mut keep = Vec::new();
+        for record in self.store.sandboxes()? {
+            let slot = match (record.state, record.slot) {
+                (SandboxState::Paused, _) => {
+                    if self.driver.has_image(&paused_image(&record.id)) {
+                        report.paused.push(record.id.clone());
+                        self.sandboxes
+                            .adopt(Sandbox::new(record, Phase::Paused, None));
+                    } else {
+                        tracing::warn!(sandbox = %record.id, "paused sandbox has no image; forgetting it");
+                        self.store.delete_sandbox(&record.id)?;
+                        report.removed.push(record.id);
+                    }
+                    continue;
+                }
+                (SandboxState::Running, Some(slot)) => slot,
+                (SandboxState::Running, None) => {
+                    self.store.delete_sandbox(&record.id)?;
+                    report.removed.push(record.id);
+                    continue;
+                }
+            };
+            // Its policy has been in force since the driver started (`adoptable_policies`).
+            let placement = match self.driver.adopt(&record.id, slot).await {
+                Some(placement) => self
+                    .agent
+                    .wait_ready(placement.agent, Duration::from_secs(2))
+                    .await
+                    .ok()
+                    .map(|()| placement),
+                None => None,
+            };
+            if let Some(placement) = placement.filter(|_| record.end_at > now_unix()) {
+                keep.push((record.id.clone(), slot));
+                report.adopted.push(record.id.clone());
+                self.sandboxes
+                    .adopt(Sandbox::new(record, Phase::Running, Some(placement)));
+            } else {
+                self.discard(&record.id, slot).await;
+                report.removed.push(record.id);
+            }
+        }
+        // Best effort: what cannot be removed now is tried again at the next start, and must not
+        // keep the server from serving.
+        if let Err(e) = self.driver.sweep_orphans(&keep).await {
+            tracing::warn!(error = %e, "removing leftovers of earlier runs failed");
+        }
+        if let Err(e) = self.sweep_images().await {
+            tracing::warn!(error = %e, "removing images no record names failed");
+        }
+        Ok(report)
+    }
+
+    /// Deletes paused and snapshot images that no record names (a crash between writing an
+    /// image and recording it, or between forgetting a record and deleting its image).
+    async fn sweep_images(&self) -> Result<(), LifecycleError> {
+        let mut named: HashSet<String> = self
+            .store
+            .sandboxes()?
+            .iter()
+            .filter(|r| r.state == SandboxState::Paused)
+            .map(|r| paused_image(&r.id))
+            .collect();
+        named.extend(self.store.snapshots()?.into_iter().map(|s| s.image));
+        let images = self.driver.images().map_err(LifecycleError::Driver)?;
+        for image in images {
+            let ours = image.starts_with(PAUSED_PREFIX) || image.starts_with(SNAPSHOT_PREFIX);
+            if ours && !named.contains(&image) {
+                tracing::info!(image, "deleting an image no sandbox or snapshot names");
+                self.driver
+                    .delete_image(&image)
+                    .await
+                    .map_err(LifecycleError::Driver)?;
+            }
+        }
+        Ok(())
+    }
+}
