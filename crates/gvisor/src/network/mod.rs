@@ -54,6 +54,7 @@ impl Network {
         let (upstreams, search) = airlock_netd::dns::read_resolv_conf(&resolv_conf);
         let resolvers: Vec<IpAddr> = upstreams.iter().map(|a| a.ip()).collect();
         let (uid, gid) = services::service_user()?;
+        let installing = std::time::Instant::now();
         let firewall = Firewall::install(&Install {
             enforce: setup.enforce,
             forwarding_was_on,
@@ -62,6 +63,11 @@ impl Network {
             netd_uid: uid,
             known: setup.known,
         })?;
+        tracing::info!(
+            sandboxes = setup.known.len(),
+            elapsed = ?installing.elapsed(),
+            "host firewall installed, with the rules of every sandbox to adopt"
+        );
         let slots = Slots::new(setup.state_dir.join("slot-cursor"));
         for (slot, _) in setup.known {
             slots.mark_taken(*slot);
