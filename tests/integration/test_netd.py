@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2b import ALL_TRAFFIC, Sandbox
 
-from test_network import HTTP, NAME, PROBES, host_reaches, probe, target  # noqa: F401
+from test_network import HEAD, HTTP, NAME, host_reaches, probe, target  # noqa: F401
 
 
 def pid_of(name):
@@ -150,23 +150,14 @@ def test_a_restart_leaves_no_moment_unconfined(server, sandbox_factory, target):
     assert closed_log == "", f"the closed sandbox got out: {closed_log[:300]}"
 
 
-SECOND_REQUEST = r'''
+SECOND_REQUEST = HEAD + r'''
 import os, socket, time
 s = socket.create_connection((TARGET, 8080), timeout=5)
-def ask():
-    s.sendall(f"HEAD / HTTP/1.1\r\nHost: {NAME}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(4096)
-        if not chunk:
-            return "closed"
-        head += chunk
-    return "answered"
-open("/tmp/first", "w").write(ask())
+open("/tmp/first", "w").write("answered" if head(s, NAME).isdigit() else "not answered")
 while not os.path.exists("/tmp/go"):
     time.sleep(0.05)
 try:
-    result = ask()
+    result = "answered" if head(s, NAME).isdigit() else "closed"
 except OSError as e:
     result = type(e).__name__
 open("/tmp/second", "w").write(result)

@@ -202,22 +202,26 @@ def test_allowed_domains_are_matched_by_sni_and_host_on_any_port(sandbox_factory
     assert pinned.stdout.strip() in ("", "000"), pinned.stdout
 
 
-KEPT_ALIVE = r'''
+# Sandbox-side: one HEAD request on an open socket; the response's status, or "closed".
+HEAD = r'''
+def head(s, host):
+    s.sendall(f"HEAD / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = s.recv(4096)
+        if not chunk:
+            return "closed"
+        answer += chunk
+    return answer.split(b" ")[1].decode()
+'''
+
+KEPT_ALIVE = HEAD + r'''
 import json, socket
 def exchange(second_host):
     """Two HEAD requests on one kept-alive connection; the status of each, or how it ended."""
     s = socket.create_connection((TARGET, 8080), timeout=8)
-    def ask(host):
-        s.sendall(f"HEAD / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = s.recv(4096)
-            if not chunk:
-                return "closed"
-            head += chunk
-        return head.split(b" ")[1].decode()
     try:
-        return [ask(NAME), ask(second_host)]
+        return [head(s, NAME), head(s, second_host)]
     except OSError as e:
         return ["error", type(e).__name__]
 print(json.dumps([exchange(NAME), exchange(OTHER)]))

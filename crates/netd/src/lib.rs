@@ -36,6 +36,23 @@ impl State {
     }
 }
 
+/// Raises this process's open-files limit to the hard limit (and says so): every sandbox, proxied
+/// connection and client connection costs descriptors, and the usual soft limit of 1024 would
+/// run out long before the budgets do. The server and netd both call it.
+pub fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= hard {
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => tracing::info!(from = soft, to = hard, "raised the open files limit"),
+        Err(e) => tracing::warn!(limit = soft, error = %e, "could not raise the open files limit"),
+    }
+}
+
 /// Serves DNS on `dns` and the proxy on `proxy`, as `channel` says, until the channel ends.
 pub async fn run(dns: UdpSocket, proxy: TcpListener, channel: UnixStream) -> Result<(), String> {
     let (read, mut write) = channel.into_split();

@@ -28,7 +28,7 @@ fn start() -> Result<(), String> {
     if nix::unistd::geteuid().is_root() {
         return Err("refusing to run as root: airlock serve starts this as its own user".into());
     }
-    raise_open_files_limit();
+    airlock_netd::raise_open_files_limit();
     // SAFETY: the server passes exactly these three descriptors, open and of these kinds, and
     // nothing else in this process owns them.
     let (dns, proxy, channel) = unsafe {
@@ -57,15 +57,4 @@ fn start() -> Result<(), String> {
     seccomp::install()?;
     tracing::info!("serving sandbox DNS and the domain proxy");
     runtime.block_on(airlock_netd::run(dns, proxy, channel))
-}
-
-/// Each proxied connection costs two descriptors; the usual soft limit of 1024 would not hold
-/// netd's budgets. Raised to the hard limit.
-fn raise_open_files_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-            tracing::info!(from = soft, to = hard, "raised the open files limit");
-        }
-    }
 }

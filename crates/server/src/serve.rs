@@ -104,7 +104,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             "airlock serve must run as root: sandboxes need network namespaces, mounts and runsc"
         );
     }
-    raise_open_files_limit();
+    airlock_netd::raise_open_files_limit();
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
     let key = ensure_api_key(&store, &data)?;
@@ -208,22 +208,6 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     listen::serve(listener, app, wait_for_signal(), drain).await;
     let _ = reaper.await;
     Ok(())
-}
-
-/// Every connection, proxied stream and sandbox costs file descriptors; the usual soft limit
-/// of 1024 would run out long before [`listen::MAX_CONNECTIONS`]. Raised to the hard limit.
-fn raise_open_files_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return;
-    };
-    if soft >= hard {
-        return;
-    }
-    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-        Ok(()) => tracing::info!(from = soft, to = hard, "raised the open files limit"),
-        Err(e) => tracing::warn!(limit = soft, error = %e, "could not raise the open files limit"),
-    }
 }
 
 async fn wait_for_signal() {

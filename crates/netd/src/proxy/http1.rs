@@ -96,9 +96,7 @@ impl Requests {
                     }
                 }
                 State::ChunkSize(line) => {
-                    let (byte, rest) = (input[0], &input[1..]);
-                    input = rest;
-                    passed.bytes.push(byte);
+                    let byte = take_byte(&mut input, &mut passed);
                     line.push(byte);
                     if line.len() > MAX_CHUNK_LINE {
                         return refuse("a chunk-size line is too long");
@@ -118,22 +116,16 @@ impl Requests {
                     }
                 }
                 State::ChunkEnd(seen) => {
-                    let expected = b"\r\n"[usize::from(*seen)];
-                    if input[0] != expected {
+                    if take_byte(&mut input, &mut passed) != b"\r\n"[usize::from(*seen)] {
                         return refuse("a chunk does not end with CRLF");
                     }
-                    passed.bytes.push(input[0]);
-                    input = &input[1..];
                     *seen += 1;
                     if *seen == 2 {
                         self.state = State::ChunkSize(Vec::new());
                     }
                 }
                 State::Trailers(lines) => {
-                    let (byte, rest) = (input[0], &input[1..]);
-                    input = rest;
-                    passed.bytes.push(byte);
-                    lines.push(byte);
+                    lines.push(take_byte(&mut input, &mut passed));
                     if lines.len() > MAX_HEAD {
                         return refuse("the trailers are too long");
                     }
@@ -151,6 +143,14 @@ impl Requests {
         }
         Ok(passed)
     }
+}
+
+/// Moves the first byte of `input` (which is not empty) into `passed`, and returns it.
+fn take_byte(input: &mut &[u8], passed: &mut Passed) -> u8 {
+    let byte = input[0];
+    *input = &input[1..];
+    passed.bytes.push(byte);
+    byte
 }
 
 /// Moves up to `left` bytes of `input` into `passed`; returns how many are left to go.

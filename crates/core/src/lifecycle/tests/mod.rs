@@ -203,6 +203,16 @@ async fn a_golden_image_whose_copy_never_answers_is_dropped_and_the_create_boots
     );
 }
 
+/// A new server process on the same store and host.
+fn restarted(store: &Arc<Store>, driver: &Arc<RecordingDriver>) -> Arc<Lifecycle> {
+    Lifecycle::new(
+        store.clone(),
+        driver.clone(),
+        Arc::new(ReadyAgent),
+        Limits::default(),
+    )
+}
+
 fn params() -> CreateParams {
     CreateParams {
         template: "base".into(),
@@ -310,13 +320,7 @@ async fn recover_adopts_the_living_and_removes_the_dead() {
     let dead = lc.create(params()).await.unwrap().id().clone();
     driver.running.lock().unwrap().retain(|id| *id != dead);
 
-    // A new server process on the same store and host.
-    let lc2 = Lifecycle::new(
-        store.clone(),
-        driver.clone(),
-        Arc::new(ReadyAgent),
-        Limits::default(),
-    );
+    let lc2 = restarted(&store, &driver);
     let report = lc2.recover().await.unwrap();
     assert_eq!(report.adopted, vec![alive.clone()]);
     assert_eq!(report.removed, vec![dead]);
@@ -537,12 +541,7 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
     for leftover in ["paused-gone", "snapshot-gone", "golden-base-x-y"] {
         driver.images.lock().unwrap().insert(leftover.into());
     }
-    let lc2 = Lifecycle::new(
-        store.clone(),
-        driver.clone(),
-        Arc::new(ReadyAgent),
-        Limits::default(),
-    );
+    let lc2 = restarted(&store, &driver);
     let report = lc2.recover().await.unwrap();
     assert_eq!(report.paused, vec![copy.id().clone()]);
     let images = driver.images().unwrap();
