@@ -17,6 +17,19 @@ pub struct LaunchSpec {
     pub resources: Resources,
     /// Outbound network policy, in force before the sandbox's first instruction.
     pub egress: Egress,
+    pub writes: RootfsWrites,
+}
+
+/// Where a sandbox's writes to its root filesystem go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RootfsWrites {
+    /// Into a layer of its own that goes with it: the rootfs is shared and never written.
+    #[default]
+    Private,
+    /// Into the rootfs directory itself. Only for a template build's step, whose rootfs is an
+    /// overlay mount with the step's new layer as its upper directory. Such a sandbox has no
+    /// disk limit of its own and cannot be checkpointed.
+    Through,
 }
 
 /// What one sandbox may use. 0 means unlimited (tests only: the server always sets them).

@@ -2,6 +2,7 @@
 //!
 //! Nothing here speaks HTTP; the server binary wraps it.
 
+pub mod build;
 pub mod disk_usage;
 pub mod driver;
 /// Outbound network policies (a wire type: the network services process reads them too).

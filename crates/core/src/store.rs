@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+mod builds;
+pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error")]
@@ -104,11 +107,38 @@ pub struct KeyLimits {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateRecord {
+    /// A built-in's name, or a user template's id.
     pub name: TemplateName,
     pub content_hash: String,
     pub rootfs: PathBuf,
     pub built_at: i64,
     pub size_bytes: u64,
+    /// For a rootfs that is a read-only overlay mount of layers (a user template's): the
+    /// directories it stacks, bottom first. Empty for a plain directory.
+    pub layers: Vec<PathBuf>,
+    pub defaults: TemplateDefaults,
+}
+
+/// What a template's sandboxes start with: its last `USER`, `WORKDIR` and `ENV`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TemplateDefaults {
+    pub user: String,
+    /// `None`: the user's home.
+    #[serde(default)]
+    pub workdir: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+impl Default for TemplateDefaults {
+    /// E2B's: `user`, in its home.
+    fn default() -> Self {
+        TemplateDefaults {
+            user: "user".into(),
+            workdir: None,
+            env: BTreeMap::new(),
+        }
+    }
 }
 
 /// A saved state of a sandbox that new sandboxes can start from (E2B's snapshots). Each belongs
@@ -206,6 +236,7 @@ impl Store {
         conn.execute_batch(SANDBOXES_TABLE)?;
         conn.execute_batch(SNAPSHOTS_TABLE)?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(builds::SCHEMA)?;
         for (table, column) in [
             ("sandboxes", "owner TEXT"),
             ("sandboxes", "egress TEXT NOT NULL DEFAULT '{}'"),
@@ -220,6 +251,8 @@ impl Store {
             ("api_keys", "max_paused INTEGER"),
             ("api_keys", "max_snapshot_mb INTEGER"),
             ("snapshots", "size_bytes INTEGER NOT NULL DEFAULT 0"),
+            ("templates", "layers TEXT NOT NULL DEFAULT '[]'"),
+            ("templates", "defaults TEXT"),
         ] {
             add_column_if_missing(&conn, table, column)?;
         }
@@ -445,14 +478,17 @@ impl Store {
 
     pub fn put_template(&self, t: &TemplateRecord) -> Result<(), StoreError> {
         self.conn().execute(
-            "INSERT OR REPLACE INTO templates (name, content_hash, rootfs, built_at, size_bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT OR REPLACE INTO templates
+               (name, content_hash, rootfs, built_at, size_bytes, layers, defaults)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
                 t.name.as_str(),
                 t.content_hash,
                 t.rootfs.to_string_lossy(),
                 t.built_at,
-                t.size_bytes as i64
+                t.size_bytes as i64,
+                serde_json::to_string(&t.layers).unwrap_or_else(|_| "[]".into()),
+                serde_json::to_string(&t.defaults).ok(),
             ],
         )?;
         Ok(())
@@ -465,7 +501,8 @@ impl Store {
     pub fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT name, content_hash, rootfs, built_at, size_bytes FROM templates ORDER BY name",
+            "SELECT name, content_hash, rootfs, built_at, size_bytes, layers, defaults
+             FROM templates ORDER BY name",
         )?;
         let rows = stmt.query_map([], |row| {
             Ok((
@@ -474,17 +511,25 @@ impl Store {
                 row.get::<_, String>(2)?,
                 row.get::<_, i64>(3)?,
                 row.get::<_, i64>(4)?,
+                row.get::<_, String>(5)?,
+                row.get::<_, Option<String>>(6)?,
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (name, hash, rootfs, built_at, size) = row?;
+            let (name, hash, rootfs, built_at, size, layers, defaults) = row?;
+            let corrupt = |_| StoreError::Corrupt(name.clone());
             out.push(TemplateRecord {
-                name: TemplateName::parse(&name).map_err(|_| StoreError::Corrupt(name.clone()))?,
                 content_hash: hash,
                 rootfs: PathBuf::from(rootfs),
                 built_at,
                 size_bytes: size.max(0) as u64,
+                layers: serde_json::from_str(&layers).map_err(corrupt)?,
+                defaults: match defaults {
+                    Some(d) => serde_json::from_str(&d).map_err(corrupt)?,
+                    None => TemplateDefaults::default(),
+                },
+                name: TemplateName::parse(&name).map_err(|_| StoreError::Corrupt(name.clone()))?,
             });
         }
         Ok(out)
@@ -858,6 +903,12 @@ mod tests {
             rootfs: "/x/rootfs".into(),
             built_at: 5,
             size_bytes: 7,
+            layers: vec!["/x/rootfs".into(), "/layers/1".into()],
+            defaults: TemplateDefaults {
+                user: "root".into(),
+                workdir: Some("/app".into()),
+                env: [("A".to_owned(), "1".to_owned())].into(),
+            },
         };
         store.put_template(&t).unwrap();
         assert_eq!(store.template(&t.name).unwrap(), Some(t));

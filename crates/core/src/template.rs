@@ -12,7 +12,7 @@
 //! next build removes, or a finished template: never a half-built one under the final name.
 
 use crate::ids::TemplateName;
-use crate::store::{Store, StoreError, TemplateRecord};
+use crate::store::{Store, StoreError, TemplateDefaults, TemplateRecord};
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::io;
@@ -415,6 +415,8 @@ async fn record_built(
         size_bytes: disk_usage(&rootfs).await?,
         rootfs,
         built_at: now(),
+        layers: Vec::new(),
+        defaults: TemplateDefaults::default(),
     };
     store.put_template(&record).map_err(TemplateError::Store)?;
     Ok(record)

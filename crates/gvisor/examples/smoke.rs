@@ -5,7 +5,7 @@
 //! HTTP server standing in for the real one, checks addresses, isolation and what the sandbox
 //! sees, destroys both and checks that nothing is left on the host. Prints timings.
 
-use airlock_core::driver::{Driver, LaunchSpec, Placement, Resources};
+use airlock_core::driver::{Driver, LaunchSpec, Placement, Resources, RootfsWrites};
 use airlock_core::egress::Egress;
 use airlock_core::ids::{SandboxId, TemplateName};
 use airlock_core::store::Store;
@@ -107,6 +107,7 @@ async fn main() -> anyhow::Result<()> {
                 disk_mb: 1024,
             },
             egress: Egress::default(),
+            writes: RootfsWrites::Private,
         };
         let t = Instant::now();
         let placement = driver.launch(&spec).await?;
@@ -168,6 +169,7 @@ async fn main() -> anyhow::Result<()> {
             disk_mb: 1024,
         },
         egress: Egress::default(),
+        writes: RootfsWrites::Private,
     };
     let t = Instant::now();
     match driver.launch(&bad).await {

@@ -48,7 +48,7 @@ mod network;
 mod oci;
 mod runsc;
 
-use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement};
+use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
 use airlock_core::egress::Egress;
 use airlock_core::ids::SandboxId;
 use network::{links, Network};
@@ -244,7 +244,8 @@ impl GvisorDriver {
                 "creating {}",
                 overlay_dir.display()
             )))?;
-        if spec.resources.disk_mb > 0 {
+        let private_layer = spec.writes == RootfsWrites::Private;
+        if private_layer && spec.resources.disk_mb > 0 {
             disk::mount_limited(
                 &bundle.join("disk.img"),
                 &overlay_dir,
@@ -272,7 +273,7 @@ impl GvisorDriver {
             .run_detached(&RunArgs {
                 id,
                 bundle: &bundle,
-                overlay_dir: &overlay_dir,
+                overlay_dir: private_layer.then_some(overlay_dir.as_path()),
                 log: &bundle.join("launch.log"),
                 image,
             })

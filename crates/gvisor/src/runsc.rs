@@ -26,8 +26,9 @@ const LOG_TAIL_BYTES: u64 = 2048;
 pub(crate) struct RunArgs<'a> {
     pub id: &'a str,
     pub bundle: &'a Path,
-    /// Holds the sandbox's writable layer (runsc's filestore file).
-    pub overlay_dir: &'a Path,
+    /// Holds the sandbox's writable layer (runsc's filestore file); `None` writes through to
+    /// the rootfs (a template build's step).
+    pub overlay_dir: Option<&'a Path>,
     /// runsc's stdout and stderr, and then the sandbox's first process's.
     pub log: &'a Path,
     /// Restore this checkpoint image instead of booting the sandbox.
@@ -63,6 +64,8 @@ impl Runsc {
     ///   (`--network=host` refuses checkpoint).
     /// - `--overlay2=root:dir=…`: the rootfs is the shared, read-only template; each sandbox's
     ///   writes land in a filestore file under its own bundle, on disk rather than in host RAM.
+    ///   A template build's step runs with `--overlay2=none` instead: its writes go through the
+    ///   gofer into the rootfs, an overlay mount whose upper directory becomes the step's layer.
     /// - `--net-disconnect-ok`: a checkpoint resets the sandbox's TCP connections to the outside
     ///   instead of refusing to save them. The lifecycle drains connections first anyway (see
     ///   [`crate::net::wait_until_drained`]); this covers what it cannot close, such as a
@@ -74,8 +77,14 @@ impl Runsc {
         let log_err = log
             .try_clone()
             .map_err(DriverError::io("duplicating the launch log"))?;
-        let mut overlay = std::ffi::OsString::from("--overlay2=root:dir=");
-        overlay.push(args.overlay_dir);
+        let overlay = match args.overlay_dir {
+            Some(dir) => {
+                let mut flag = std::ffi::OsString::from("--overlay2=root:dir=");
+                flag.push(dir);
+                flag
+            }
+            None => "--overlay2=none".into(),
+        };
 
         let mut cmd = self.command();
         cmd.args([

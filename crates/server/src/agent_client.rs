@@ -1,10 +1,12 @@
 //! How the server talks to a sandbox's agent itself (health and `/init`), over the sandbox's link.
 
 use crate::proxy::HttpClient;
-use airlock_core::lifecycle::AgentClient;
-use airlock_wire::envd::InitRequest;
+use airlock_core::lifecycle::{AgentClient, AgentCommand, OutputLine};
+use airlock_wire::connect::{self, Decoder};
+use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
 use airlock_wire::{CODE_INTERPRETER_PORT, ENVD_PORT};
 use axum::body::Body;
+use base64::Engine;
 use http_body_util::BodyExt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -17,6 +19,8 @@ const WARM_UP_CODE: &str = "import numpy, pandas, matplotlib, matplotlib.pyplot\
     get_ipython().history_manager.reset(new_session=True)\n\
     get_ipython().execution_count = 1";
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longer output lines are handed on in pieces of this many bytes.
+const MAX_LINE: usize = 4096;
 
 pub struct HttpAgentClient {
     pub http: HttpClient,
@@ -100,6 +104,119 @@ impl AgentClient for HttpAgentClient {
         match self.call(req, Duration::from_secs(5)).await? {
             s if (200..300).contains(&s) => Ok(()),
             s => Err(format!("agent /init answered {s}")),
+        }
+    }
+
+    async fn run(
+        &self,
+        addr: Ipv4Addr,
+        command: &AgentCommand,
+        output: &mut (dyn FnMut(OutputLine) + Send),
+    ) -> Result<i32, String> {
+        tokio::time::timeout(command.timeout, self.stream(addr, command, output))
+            .await
+            .map_err(|_| format!("did not finish within {:?}", command.timeout))?
+    }
+}
+
+impl HttpAgentClient {
+    /// `process.Process/Start`, as the SDK calls it, read to its end event.
+    async fn stream(
+        &self,
+        addr: Ipv4Addr,
+        command: &AgentCommand,
+        output: &mut (dyn FnMut(OutputLine) + Send),
+    ) -> Result<i32, String> {
+        let mut process = serde_json::json!({
+            "cmd": "/bin/sh",
+            "args": ["-c", command.shell],
+            "envs": command.envs,
+        });
+        if let Some(cwd) = &command.cwd {
+            process["cwd"] = cwd.as_str().into();
+        }
+        let message = serde_json::json!({ "process": process, "stdin": false });
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
+        let req = hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/process.Process/Start"))
+            .header("content-type", connect::STREAM_CONTENT_TYPE)
+            .header("connect-protocol-version", "1")
+            .header("authorization", format!("Basic {basic}"))
+            .body(Body::from(connect::encode_message(&message)))
+            .map_err(|e| e.to_string())?;
+        let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+            let body = body.unwrap_or_default();
+            return Err(format!(
+                "the agent answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        let mut body = resp.into_body();
+        let mut decoder = Decoder::default();
+        let (mut stdout, mut stderr) = (Lines::default(), Lines::default());
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("the output stream broke: {e}"))?;
+            let Some(chunk) = frame.data_ref() else {
+                continue;
+            };
+            decoder.push(chunk);
+            while let Some(envelope) = decoder.next_envelope().map_err(|e| e.to_string())? {
+                if envelope.is_end_stream() {
+                    let end: connect::EndOfStream =
+                        serde_json::from_slice(&envelope.payload).unwrap_or_default();
+                    if let Some(err) = end.error {
+                        return Err(format!("{:?}: {}", err.code, err.message));
+                    }
+                    continue;
+                }
+                let message: ProcessEventMessage = serde_json::from_slice(&envelope.payload)
+                    .map_err(|e| format!("unexpected message from the agent: {e}"))?;
+                match message.event {
+                    ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => {
+                        stdout.push(&d, false, output)
+                    }
+                    ProcessEvent::Data(ProcessOutput::Stderr(d)) => stderr.push(&d, true, output),
+                    ProcessEvent::End(end) => {
+                        stdout.flush(false, output);
+                        stderr.flush(true, output);
+                        return match end.error {
+                            Some(error) if !end.exited => Err(error),
+                            _ => Ok(end.exit_code),
+                        };
+                    }
+                    ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
+                }
+            }
+        }
+        Err("the output stream ended before the command did".into())
+    }
+}
+
+/// Output bytes cut into lines.
+#[derive(Default)]
+struct Lines(Vec<u8>);
+
+impl Lines {
+    fn push(&mut self, data: &[u8], stderr: bool, output: &mut (dyn FnMut(OutputLine) + Send)) {
+        for &byte in data {
+            if byte == b'\n' || self.0.len() >= MAX_LINE {
+                self.flush(stderr, output);
+            }
+            if byte != b'\n' {
+                self.0.push(byte);
+            }
+        }
+    }
+
+    fn flush(&mut self, stderr: bool, output: &mut (dyn FnMut(OutputLine) + Send)) {
+        if !self.0.is_empty() {
+            let text = String::from_utf8_lossy(&self.0)
+                .trim_end_matches('\r')
+                .to_owned();
+            output(OutputLine { text, stderr });
+            self.0.clear();
         }
     }
 }

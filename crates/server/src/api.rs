@@ -44,7 +44,8 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/sandboxes/{id}/snapshots", post(create_snapshot))
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/snapshots", get(list_snapshots))
-        .route("/templates/{id}", delete(delete_snapshot))
+        .route("/templates/{id}", delete(delete_template))
+        .merge(crate::templates_api::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
 }
 
@@ -397,12 +398,15 @@ async fn list_snapshots(
 
 /// The SDK deletes snapshots as templates (`DELETE /templates/{id}`); built templates are
 /// managed with `airlock template`, so only the caller's own snapshots are deleted here.
-async fn delete_snapshot(
+/// Deletes the caller's template or snapshot of that name (E2B deletes both here).
+async fn delete_template(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.lifecycle.delete_snapshot(&caller.0, &id).await? {
+    if crate::templates_api::delete_owned(&state, &caller, &id)?
+        || state.lifecycle.delete_snapshot(&caller.0, &id).await?
+    {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("snapshot '{id}' not found")))

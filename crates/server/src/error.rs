@@ -29,6 +29,12 @@ impl ApiError {
     }
 }
 
+impl From<airlock_core::store::StoreError> for ApiError {
+    fn from(err: airlock_core::store::StoreError) -> Self {
+        LifecycleError::from(err).into()
+    }
+}
+
 impl From<LifecycleError> for ApiError {
     fn from(err: LifecycleError) -> Self {
         let status = match &err {

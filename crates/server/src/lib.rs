@@ -9,6 +9,7 @@ pub mod error;
 pub mod listen;
 pub mod proxy;
 pub mod serve;
+pub mod templates_api;
 
 use airlock_core::lifecycle::Lifecycle;
 use airlock_core::store::Store;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 /// Shared by every request handler.
 pub struct AppStateInner {
     pub lifecycle: Arc<Lifecycle>,
+    pub builder: Arc<airlock_core::build::Builder>,
     pub store: Arc<Store>,
     pub http: proxy::HttpClient,
     pub signers: proxy::Signers,

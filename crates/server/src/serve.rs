@@ -3,6 +3,7 @@
 use crate::agent_client::HttpAgentClient;
 use crate::data_dir::DataDir;
 use crate::{api, listen, proxy, AppState, AppStateInner};
+use airlock_core::build::Builder;
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits};
 use airlock_core::store::{KeyLimits, Store};
@@ -15,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// Template builds that run at once; more wait their turn.
+const BUILDS_AT_ONCE: usize = 1;
 
 pub struct ServeOptions {
     pub listen: SocketAddr,
@@ -126,12 +130,20 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .context("setting up the gVisor driver")?,
     );
     let http = proxy::http_client();
-    let lifecycle = Lifecycle::new(
+    let agent = Arc::new(HttpAgentClient { http: http.clone() });
+    let builder = Builder::new(
         store.clone(),
-        driver,
-        Arc::new(HttpAgentClient { http: http.clone() }),
-        opts.limits,
+        driver.clone(),
+        agent.clone(),
+        data.templates(),
+        BUILDS_AT_ONCE,
     );
+    // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.
+    builder
+        .recover()
+        .await
+        .context("recovering template builds")?;
+    let lifecycle = Lifecycle::new(store.clone(), driver, agent, opts.limits);
     let report = lifecycle.recover().await.context("recovering sandboxes")?;
     if !report.adopted.is_empty() || !report.removed.is_empty() || !report.paused.is_empty() {
         tracing::info!(
@@ -147,6 +159,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     let state: AppState = Arc::new(AppStateInner {
         lifecycle: lifecycle.clone(),
+        builder: builder.clone(),
         store,
         http,
         signers: proxy::Signers::default(),
@@ -197,6 +210,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         let drained = async {
             let _ = pools.await;
             lifecycle.shutdown().await;
+            // No sandbox uses a template's mount any more; the next start mounts them again.
+            builder.unmount_templates().await;
         };
         if tokio::time::timeout(Duration::from_secs(60), drained)
             .await

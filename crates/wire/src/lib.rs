@@ -10,6 +10,7 @@ pub mod egress;
 pub mod envd;
 pub mod json;
 pub mod signed_url;
+pub mod templates;
 
 /// The envd version the agent reports. The SDK gates features on it (protocol doc §3.8); this is
 /// the highest version whose features the agent implements.

@@ -5,7 +5,7 @@
 
 use super::sandbox::{Phase, Sandbox};
 use super::{now_unix, paused_image, snapshot_image, CreateParams, Lifecycle, LifecycleError};
-use crate::driver::{DriverError, LaunchSpec};
+use crate::driver::{DriverError, LaunchSpec, RootfsWrites};
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::{SandboxState, SnapshotRecord};
 use std::sync::Arc;
@@ -94,6 +94,7 @@ impl Lifecycle {
             rootfs: record.rootfs.clone(),
             resources: record.resources,
             egress: record.egress.clone(),
+            writes: RootfsWrites::Private,
         };
         let image = paused_image(&record.id);
         let placement = match self.bring_up(&spec, Some(&image)).await {
@@ -156,14 +157,22 @@ impl Lifecycle {
             None => TemplateName::parse(&format!("snap-{}", SandboxId::generate()))
                 .expect("generated names are valid"),
         };
+        let sandbox = self.find(id)?;
+        let owners_template = match sandbox.owner() {
+            Some(owner) => self
+                .store
+                .user_template_by_alias(owner, snapshot_id.as_str())?
+                .is_some(),
+            None => false,
+        };
         if crate::template::KNOWN_TEMPLATES.contains(&snapshot_id.as_str())
             || self.store.template(&snapshot_id)?.is_some()
+            || owners_template
         {
             return Err(LifecycleError::BadSnapshotName(format!(
                 "{snapshot_id} (a template has that name)"
             )));
         }
-        let sandbox = self.find(id)?;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };

@@ -4,10 +4,10 @@
 
 use super::sandbox::{Phase, Sandbox};
 use super::{CreateParams, Lifecycle, LifecycleError};
-use crate::driver::{LaunchSpec, Placement, Resources};
+use crate::driver::{LaunchSpec, Placement, Resources, RootfsWrites};
 use crate::egress::Egress;
 use crate::ids::{random_token, SandboxId, TemplateName};
-use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, TemplateRecord};
+use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, TemplateDefaults, TemplateRecord};
 use airlock_wire::envd::InitRequest;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,8 +42,9 @@ impl Lifecycle {
         let timeout = self.clamp_timeout(params.timeout)?;
         let resources = self.resources_for(&params)?;
         let quota = self.quota(params.owner.as_deref())?;
-        let source = match self.store.template(&name)? {
-            Some(template) => Source::Template(template),
+        let owner = params.owner.as_deref();
+        let source = match self.store.visible_template(owner, name.as_str())? {
+            Some((template, _)) => Source::Template(template),
             None => match self.owned_snapshot(params.owner.as_deref(), &name)? {
                 Some(snapshot) => Source::Snapshot(snapshot),
                 None => return Err(LifecycleError::TemplateNotFound(params.template)),
@@ -63,7 +64,16 @@ impl Lifecycle {
         let id = pooled
             .as_ref()
             .map_or_else(SandboxId::generate, |p| p.id.clone());
-        let record = new_record(id.clone(), name, rootfs, resources, timeout, params);
+        let defaults = self.defaults_of(&source)?;
+        let name = match &source {
+            Source::Template(t) => t.name.clone(),
+            Source::Snapshot(_) => name,
+        };
+        let mut record = new_record(id.clone(), name, rootfs, resources, timeout, params);
+        // The template's env vars, under the create's own.
+        let mut env = defaults.env.clone();
+        env.append(&mut record.env_vars);
+        record.env_vars = env;
         let sandbox = Sandbox::new(record, Phase::Starting, None);
         if let Err(e) = self
             .sandboxes
@@ -91,13 +101,25 @@ impl Lifecycle {
             }
         };
         match started {
-            Ok(started) => self.claim(&sandbox, started).await,
+            Ok(started) => self.claim(&sandbox, started, &defaults).await,
             Err(e) => {
                 self.sandboxes.remove(&id);
                 Err(e)
             }
         }
         .map(|()| sandbox)
+    }
+
+    /// What a sandbox of `source` starts with: its template's user, workdir and env vars.
+    fn defaults_of(&self, source: &Source) -> Result<TemplateDefaults, LifecycleError> {
+        Ok(match source {
+            Source::Template(t) => t.defaults.clone(),
+            Source::Snapshot(s) => self
+                .store
+                .template(&s.template)?
+                .map(|t| t.defaults)
+                .unwrap_or_default(),
+        })
     }
 
     /// Restores the template's golden image, or boots it when there is none (or it is bad).
@@ -175,6 +197,7 @@ impl Lifecycle {
             rootfs: rootfs.to_owned(),
             resources,
             egress,
+            writes: RootfsWrites::Private,
         };
         let placement = self.bring_up(&spec, image).await?;
         Ok(Started {
@@ -211,7 +234,12 @@ impl Lifecycle {
 
     /// Makes a started sandbox the caller's: its policy, its row, its identity (`/init`). On
     /// failure nothing of it is left.
-    async fn claim(&self, sandbox: &Sandbox, started: Started) -> Result<(), LifecycleError> {
+    async fn claim(
+        &self,
+        sandbox: &Sandbox,
+        started: Started,
+        defaults: &TemplateDefaults,
+    ) -> Result<(), LifecycleError> {
         let id = sandbox.id().clone();
         let slot = started.placement.slot;
         let failed = |e: LifecycleError| {
@@ -238,8 +266,8 @@ impl Lifecycle {
             env_vars: record.env_vars.clone(),
             access_token: record.access_token.clone(),
             traffic_access_token: record.traffic_access_token.clone(),
-            default_user: Some("user".into()),
-            default_workdir: None,
+            default_user: Some(defaults.user.clone()),
+            default_workdir: defaults.workdir.clone(),
             hostname: Some(record.id.to_string()),
         };
         let addr = started.placement.agent;

@@ -66,6 +66,34 @@ pub trait AgentClient: Send + Sync + 'static {
     /// Loads what the template preloads (the code interpreter's kernel and its usual imports)
     /// before the template's golden image is taken. Templates without it succeed at once.
     async fn warm_up(&self, addr: Ipv4Addr) -> Result<(), String>;
+    /// Runs `command` through the agent at `addr` and waits for it to end, handing each line of
+    /// its output to `output` as it comes. Returns its exit code; an `Err` if it could not be
+    /// run, or did not end within its timeout (it is then killed with the sandbox).
+    async fn run(
+        &self,
+        addr: Ipv4Addr,
+        command: &AgentCommand,
+        output: &mut (dyn FnMut(OutputLine) + Send),
+    ) -> Result<i32, String>;
+}
+
+/// A shell command for [`AgentClient::run`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentCommand {
+    /// Run with `/bin/sh -c`.
+    pub shell: String,
+    pub user: String,
+    /// `None`: the user's home.
+    pub cwd: Option<String>,
+    pub envs: BTreeMap<String, String>,
+    pub timeout: Duration,
+}
+
+/// One line a command wrote (without its newline), and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputLine {
+    pub text: String,
+    pub stderr: bool,
 }
 
 /// Server-wide defaults and caps.

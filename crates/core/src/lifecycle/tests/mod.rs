@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::driver::{LaunchSpec, Placement};
-use crate::store::{SandboxState, TemplateRecord};
+use crate::store::{SandboxState, TemplateDefaults, TemplateRecord};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
@@ -131,6 +131,14 @@ impl AgentClient for ReadyAgent {
     async fn warm_up(&self, _: Ipv4Addr) -> Result<(), String> {
         Ok(())
     }
+    async fn run(
+        &self,
+        _: Ipv4Addr,
+        _: &AgentCommand,
+        _: &mut (dyn FnMut(OutputLine) + Send),
+    ) -> Result<i32, String> {
+        Ok(0)
+    }
 }
 
 /// An agent that never answers in the first sandbox it is asked about.
@@ -149,6 +157,14 @@ impl AgentClient for FirstCopyDead {
     }
     async fn warm_up(&self, _: Ipv4Addr) -> Result<(), String> {
         Ok(())
+    }
+    async fn run(
+        &self,
+        _: Ipv4Addr,
+        _: &AgentCommand,
+        _: &mut (dyn FnMut(OutputLine) + Send),
+    ) -> Result<i32, String> {
+        Ok(0)
     }
 }
 
@@ -173,6 +189,8 @@ fn setup_with_agent(
             rootfs: dir.path().join("rootfs"),
             built_at: 0,
             size_bytes: 0,
+            layers: Vec::new(),
+            defaults: TemplateDefaults::default(),
         })
         .unwrap();
     let lc = Lifecycle::new(store.clone(), driver, agent, limits);

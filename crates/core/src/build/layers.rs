@@ -1,0 +1,219 @@
+//! Layers: each build step's writes, kept as an overlayfs upper directory under a key made of
+//! everything that shaped them, and stacked read-only into a template's root filesystem.
+//!
+//! A step runs in a gVisor sandbox whose rootfs is a writable overlay mount: the layers below it
+//! as lower directories, and a fresh directory as the upper one. Whatever the step writes,
+//! deletes (a whiteout) or changes lands in that upper directory, which becomes the layer at
+//! `{root}/{key}` by one rename once the step has succeeded: a layer is either whole or absent.
+//! Templates built on the same layers share them on disk.
+
+use super::BuildError;
+use std::path::{Path, PathBuf};
+use tokio::process::Command;
+
+pub struct Layers {
+    root: PathBuf,
+    mounts: PathBuf,
+}
+
+/// A step's writable overlay: `merged` is the step's rootfs, `upper` its future layer.
+pub struct StepMount {
+    dir: PathBuf,
+    pub merged: PathBuf,
+}
+
+impl Layers {
+    /// Layers live in `{templates_dir}/layers`, templates' stacked rootfs mounts in
+    /// `{templates_dir}/mounts`.
+    pub fn new(templates_dir: &Path) -> Self {
+        Layers {
+            root: templates_dir.join("layers"),
+            mounts: templates_dir.join("mounts"),
+        }
+    }
+
+    pub fn layer(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.layer(key).is_dir()
+    }
+
+    /// Where a template's stacked rootfs is mounted.
+    pub fn rootfs_mount(&self, template: &str, key: &str) -> PathBuf {
+        self.mounts
+            .join(format!("{template}-{}", &key[..16.min(key.len())]))
+    }
+
+    /// Mounts a writable overlay of `chain` (bottom first) for build `build`'s next step.
+    pub async fn mount_step(
+        &self,
+        chain: &[PathBuf],
+        build: &str,
+    ) -> Result<StepMount, BuildError> {
+        let dir = self.root.join(format!(".work-{build}"));
+        self.discard_dir(&dir).await?;
+        let (upper, work, merged) = (dir.join("upper"), dir.join("work"), dir.join("merged"));
+        for d in [&upper, &work, &merged] {
+            tokio::fs::create_dir_all(d)
+                .await
+                .map_err(BuildError::io(format!("creating {}", d.display())))?;
+        }
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lowerdir(chain)?,
+            option_path(&upper)?,
+            option_path(&work)?
+        );
+        mount_overlay(&options, &merged).await?;
+        Ok(StepMount { dir, merged })
+    }
+
+    /// Unmounts the step and keeps what it wrote as layer `key`.
+    pub async fn keep(&self, step: StepMount, key: &str) -> Result<PathBuf, BuildError> {
+        unmount(&step.merged).await?;
+        let layer = self.layer(key);
+        // A forced step replaces the layer it had made before.
+        if layer.exists() {
+            remove_all(&layer).await?;
+        }
+        tokio::fs::rename(step.dir.join("upper"), &layer)
+            .await
+            .map_err(BuildError::io(format!("keeping layer {key}")))?;
+        remove_all(&step.dir).await?;
+        Ok(layer)
+    }
+
+    /// Unmounts the step and throws away what it wrote.
+    pub async fn discard(&self, step: StepMount) -> Result<(), BuildError> {
+        self.discard_dir(&step.dir).await
+    }
+
+    async fn discard_dir(&self, dir: &Path) -> Result<(), BuildError> {
+        let merged = dir.join("merged");
+        if is_mount_point(&merged) {
+            unmount(&merged).await?;
+        }
+        if dir.exists() {
+            remove_all(dir).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes what builds that were under way when the server stopped left behind.
+    pub async fn sweep_work(&self) -> Result<(), BuildError> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(".work-") {
+                self.discard_dir(&entry.path()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmounts every template rootfs mounted by [`Layers::mount_rootfs`].
+    pub async fn unmount_all(&self) -> Result<(), BuildError> {
+        let Ok(entries) = std::fs::read_dir(&self.mounts) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            if is_mount_point(&entry.path()) {
+                unmount(&entry.path()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mounts `chain` (bottom first, at least two directories) read-only at `target`, unless
+    /// something is mounted there already (a restarted server's templates stay mounted).
+    pub async fn mount_rootfs(&self, chain: &[PathBuf], target: &Path) -> Result<(), BuildError> {
+        if is_mount_point(target) {
+            return Ok(());
+        }
+        tokio::fs::create_dir_all(target)
+            .await
+            .map_err(BuildError::io(format!("creating {}", target.display())))?;
+        mount_overlay(&format!("ro,lowerdir={}", lowerdir(chain)?), target).await
+    }
+}
+
+/// overlayfs's `lowerdir`: the top layer first.
+fn lowerdir(chain: &[PathBuf]) -> Result<String, BuildError> {
+    let paths: Vec<&str> = chain
+        .iter()
+        .rev()
+        .map(|p| option_path(p))
+        .collect::<Result<_, _>>()?;
+    Ok(paths.join(":"))
+}
+
+/// A path as a mount option: the characters that separate options or layers are refused.
+fn option_path(path: &Path) -> Result<&str, BuildError> {
+    path.to_str()
+        .filter(|p| !p.contains([',', ':', '\\']))
+        .ok_or_else(|| {
+            BuildError::Host(format!(
+                "{} cannot be part of an overlay mount (a comma, colon or backslash in it)",
+                path.display()
+            ))
+        })
+}
+
+async fn mount_overlay(options: &str, target: &Path) -> Result<(), BuildError> {
+    let mut mount = Command::new("mount");
+    mount
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(options)
+        .arg(target);
+    run(mount, "mounting a template's layers").await
+}
+
+async fn unmount(target: &Path) -> Result<(), BuildError> {
+    let mut umount = Command::new("umount");
+    umount.arg(target);
+    if run(umount, "unmounting a build step").await.is_ok() {
+        return Ok(());
+    }
+    // Something (a sandbox's gofer going away) still holds it: detach it now.
+    let mut lazy = Command::new("umount");
+    lazy.arg("-l").arg(target);
+    run(lazy, "unmounting a build step").await
+}
+
+async fn run(mut cmd: Command, what: &str) -> Result<(), BuildError> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(BuildError::io(what.to_owned()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(BuildError::Host(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+async fn remove_all(dir: &Path) -> Result<(), BuildError> {
+    tokio::fs::remove_dir_all(dir)
+        .await
+        .map_err(BuildError::io(format!("removing {}", dir.display())))
+}
+
+/// Whether `path` is the root of a mount: its device differs from its parent's.
+pub fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(this), Some(Ok(parent))) = (
+        std::fs::symlink_metadata(path),
+        path.parent().map(std::fs::symlink_metadata),
+    ) else {
+        return false;
+    };
+    this.dev() != parent.dev()
+}

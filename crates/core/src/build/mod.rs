@@ -1,0 +1,224 @@
+//! Users' template builds: a base template plus steps (E2B's builder steps), each `RUN` executed
+//! in a gVisor sandbox of the template as built so far, never on the host. Each `RUN`'s writes
+//! become a layer cached by everything that shaped them (see [`layers`]), so a rebuild re-runs
+//! only the steps that changed and what comes after them. The finished template is its base's
+//! layers plus its own, stacked into one read-only rootfs, recorded in the store like a
+//! built-in; golden images and pools then take it up.
+//!
+//! Builds take turns ([`Builder::new`]'s `at_once`), so that they never take the cores the
+//! running sandboxes need.
+
+pub mod layers;
+mod run;
+
+use crate::driver::{Driver, DriverError, Resources};
+use crate::ids::TemplateName;
+use crate::lifecycle::AgentClient;
+use crate::store::{BuildStatus, LogEntry, LogLevel, Store, StoreError, TemplateRecord};
+use layers::Layers;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// How long one `RUN` step may take.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Log entries kept per build; the output past them is counted, and its tail kept for errors.
+pub const MAX_LOG_ENTRIES: u64 = 20_000;
+
+/// What to build: a base and the steps on top of it.
+#[derive(Debug, Clone)]
+pub struct BuildDefinition {
+    /// The template it starts from, as built now.
+    pub base: TemplateRecord,
+    pub steps: Vec<Step>,
+    /// Run every step, cached or not (E2B's top-level `force`, `skip_cache`).
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub kind: StepKind,
+    /// Run it even if its layer is cached (and so every step after it).
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum StepKind {
+    /// A shell command; `user` overrides the current user for this step only.
+    Run {
+        command: String,
+        user: Option<String>,
+    },
+    Env(Vec<(String, String)>),
+    Workdir(String),
+    User(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Host(String),
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl BuildError {
+    fn io(what: String) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| BuildError::Io { what, source }
+    }
+}
+
+/// Runs builds, a few at a time, and owns the layers on disk.
+pub struct Builder {
+    store: Arc<Store>,
+    driver: Arc<dyn Driver>,
+    agent: Arc<dyn AgentClient>,
+    layers: Layers,
+    turns: Semaphore,
+}
+
+/// One build to run: the store has its row (status `waiting`).
+pub struct BuildJob {
+    pub build_id: String,
+    pub template_id: TemplateName,
+    pub definition: BuildDefinition,
+    pub resources: Resources,
+}
+
+impl Builder {
+    pub fn new(
+        store: Arc<Store>,
+        driver: Arc<dyn Driver>,
+        agent: Arc<dyn AgentClient>,
+        templates_dir: &std::path::Path,
+        at_once: usize,
+    ) -> Arc<Self> {
+        Arc::new(Builder {
+            store,
+            driver,
+            agent,
+            layers: Layers::new(templates_dir),
+            turns: Semaphore::new(at_once.max(1)),
+        })
+    }
+
+    /// After a restart: builds that were under way failed, their half-made layers go, and
+    /// every built user template's rootfs is mounted again (a reboot drops the mounts).
+    pub async fn recover(&self) -> Result<(), BuildError> {
+        for build in self.store.unfinished_builds()? {
+            self.store.set_build_status(
+                &build,
+                BuildStatus::Error,
+                Some((
+                    "the server restarted during the build; build it again",
+                    None,
+                )),
+                now(),
+            )?;
+        }
+        self.layers.sweep_work().await?;
+        for template in self.store.templates()? {
+            if template.layers.len() >= 2 {
+                self.layers
+                    .mount_rootfs(&template.layers, &template.rootfs)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmounts every user template's rootfs (at a clean shutdown, once no sandbox runs).
+    pub async fn unmount_templates(&self) {
+        if let Err(e) = self.layers.unmount_all().await {
+            tracing::warn!(error = %e, "unmounting templates failed");
+        }
+    }
+
+    /// Runs the build in the background, when its turn comes.
+    pub fn start(self: &Arc<Self>, job: BuildJob) {
+        let builder = self.clone();
+        tokio::spawn(async move {
+            let _turn = builder.turns.acquire().await;
+            let id = job.build_id.clone();
+            let log = BuildLog::new(builder.store.clone(), id.clone());
+            let result = builder.run(&job, &log).await;
+            let outcome = match &result {
+                Ok(()) => builder
+                    .store
+                    .set_build_status(&id, BuildStatus::Ready, None, now()),
+                Err(failure) => {
+                    log.write(LogLevel::Error, failure.step.clone(), &failure.message);
+                    builder.store.set_build_status(
+                        &id,
+                        BuildStatus::Error,
+                        Some((&failure.message, failure.step.as_deref())),
+                        now(),
+                    )
+                }
+            };
+            if let Err(e) = outcome {
+                tracing::error!(build = %id, error = %e, "recording the build's end failed");
+            }
+        });
+    }
+}
+
+/// Why a build failed, as E2B's SDK shows it: a message and the step (`base`, 1-based, or
+/// `finalize`).
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub step: Option<String>,
+}
+
+/// A build's log in the store, capped at [`MAX_LOG_ENTRIES`].
+pub(crate) struct BuildLog {
+    store: Arc<Store>,
+    build: String,
+    written: std::sync::atomic::AtomicU64,
+}
+
+impl BuildLog {
+    fn new(store: Arc<Store>, build: String) -> Self {
+        BuildLog {
+            store,
+            build,
+            written: 0.into(),
+        }
+    }
+
+    pub fn write(&self, level: LogLevel, step: Option<String>, message: &str) {
+        use std::sync::atomic::Ordering;
+        let n = self.written.fetch_add(1, Ordering::Relaxed);
+        let message = match n.cmp(&MAX_LOG_ENTRIES) {
+            std::cmp::Ordering::Less => message.to_owned(),
+            std::cmp::Ordering::Equal => {
+                "(the build's log is full: later output is not kept)".into()
+            }
+            // Errors still get in: they say why the build ended.
+            std::cmp::Ordering::Greater if level == LogLevel::Error => message.to_owned(),
+            std::cmp::Ordering::Greater => return,
+        };
+        let entry = LogEntry {
+            at_ms: chrono::Utc::now().timestamp_millis(),
+            level,
+            step,
+            message,
+        };
+        if let Err(e) = self.store.append_build_log(&self.build, &entry) {
+            tracing::warn!(build = %self.build, error = %e, "writing the build log failed");
+        }
+    }
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}

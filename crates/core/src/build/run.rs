@@ -1,0 +1,293 @@
+//! Running one build: step by step, each `RUN` from its cached layer or in a build sandbox.
+
+use super::layers::StepMount;
+use super::{BuildJob, BuildLog, Builder, Failure, StepKind, STEP_TIMEOUT};
+use crate::driver::{LaunchSpec, RootfsWrites};
+use crate::egress::Egress;
+use crate::ids::SandboxId;
+use crate::lifecycle::{AgentCommand, OutputLine};
+use crate::store::{BuildStatus, LogLevel, TemplateDefaults, TemplateRecord};
+use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long a build sandbox's agent may take to answer.
+const AGENT_START: Duration = Duration::from_secs(30);
+/// Output lines kept for a failed step's message.
+const TAIL_LINES: usize = 15;
+
+/// Where a build is: the layers so far (bottom first), their key, and the context the next
+/// step runs in.
+struct Progress {
+    chain: Vec<PathBuf>,
+    key: String,
+    context: TemplateDefaults,
+    /// A step before was forced (or rebuilt): nothing after it comes from the cache.
+    rebuilding: bool,
+}
+
+impl Builder {
+    pub(super) async fn run(&self, job: &BuildJob, log: &BuildLog) -> Result<(), Failure> {
+        let started = Instant::now();
+        let host = |step: Option<String>| {
+            move |e: super::BuildError| Failure {
+                message: e.to_string(),
+                step,
+            }
+        };
+        self.store
+            .set_build_status(&job.build_id, BuildStatus::Building, None, super::now())
+            .map_err(|e| host(Some("base".into()))(e.into()))?;
+        let base = &job.definition.base;
+        log.write(
+            LogLevel::Info,
+            Some("base".into()),
+            &format!("FROM template {}", base.name),
+        );
+        let mut progress = Progress {
+            chain: chain_of(base),
+            key: hash(&["base", &base.content_hash]),
+            context: base.defaults.clone(),
+            rebuilding: job.definition.force,
+        };
+        let total = job.definition.steps.len();
+        for (i, step) in job.definition.steps.iter().enumerate() {
+            let label = (i + 1).to_string();
+            log.write(
+                LogLevel::Info,
+                Some(label.clone()),
+                &format!("[{}/{total}] {}", i + 1, describe(&step.kind)),
+            );
+            let command = match &step.kind {
+                StepKind::Env(pairs) => {
+                    progress.context.env.extend(pairs.iter().cloned());
+                    continue;
+                }
+                StepKind::Workdir(dir) => {
+                    progress.context.workdir = Some(dir.clone());
+                    continue;
+                }
+                StepKind::User(user) => {
+                    progress.context.user = user.clone();
+                    continue;
+                }
+                StepKind::Run { command, user } => AgentCommand {
+                    shell: command.clone(),
+                    user: user
+                        .clone()
+                        .unwrap_or_else(|| progress.context.user.clone()),
+                    cwd: progress.context.workdir.clone(),
+                    envs: progress.context.env.clone(),
+                    timeout: STEP_TIMEOUT,
+                },
+            };
+            let key = hash(&[
+                &progress.key,
+                &serde_json::to_string(&command_key(&command)).unwrap_or_default(),
+            ]);
+            progress.rebuilding |= step.force;
+            if !progress.rebuilding && self.layers.has(&key) {
+                log.write(LogLevel::Info, Some(label.clone()), "CACHED");
+            } else {
+                let step_started = Instant::now();
+                self.run_step(job, &progress.chain, &command, &key, &label, log)
+                    .await?;
+                progress.rebuilding = true;
+                log.write(
+                    LogLevel::Info,
+                    Some(label.clone()),
+                    &format!("done in {:.1} s", step_started.elapsed().as_secs_f64()),
+                );
+            }
+            progress.chain.push(self.layers.layer(&key));
+            progress.key = key;
+        }
+        let finalize = host(Some("finalize".into()));
+        let record = self.finish(job, progress).await.map_err(finalize)?;
+        log.write(
+            LogLevel::Info,
+            Some("finalize".into()),
+            &format!(
+                "template {} built in {:.1} s ({} MB of its own layers)",
+                job.template_id,
+                started.elapsed().as_secs_f64(),
+                record.size_bytes / 1_000_000
+            ),
+        );
+        Ok(())
+    }
+
+    /// Runs one `RUN` in a sandbox over the layers so far; its writes become layer `key`.
+    async fn run_step(
+        &self,
+        job: &BuildJob,
+        chain: &[PathBuf],
+        command: &AgentCommand,
+        key: &str,
+        label: &str,
+        log: &BuildLog,
+    ) -> Result<(), Failure> {
+        let fail = |message: String| Failure {
+            message,
+            step: Some(label.to_owned()),
+        };
+        let mount = self
+            .layers
+            .mount_step(chain, &job.build_id)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let outcome = self.run_in_sandbox(job, &mount, command, label, log).await;
+        match outcome {
+            Ok(()) => self
+                .layers
+                .keep(mount, key)
+                .await
+                .map(drop)
+                .map_err(|e| fail(e.to_string())),
+            Err(message) => {
+                if let Err(e) = self.layers.discard(mount).await {
+                    tracing::warn!(build = %job.build_id, error = %e, "discarding a failed step");
+                }
+                Err(fail(message))
+            }
+        }
+    }
+
+    /// Boots a build sandbox on the step's mount, runs the command, and destroys the sandbox.
+    async fn run_in_sandbox(
+        &self,
+        job: &BuildJob,
+        mount: &StepMount,
+        command: &AgentCommand,
+        label: &str,
+        log: &BuildLog,
+    ) -> Result<(), String> {
+        let spec = LaunchSpec {
+            id: SandboxId::generate(),
+            rootfs: mount.merged.clone(),
+            resources: job.resources,
+            // A step reaches what the server's sandboxes reach by default.
+            egress: Egress::default(),
+            writes: RootfsWrites::Through,
+        };
+        let placement = self
+            .driver
+            .launch(&spec)
+            .await
+            .map_err(|e| format!("starting the build sandbox failed: {e}"))?;
+        let mut tail = VecDeque::with_capacity(TAIL_LINES);
+        let mut output = |line: OutputLine| {
+            if tail.len() == TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line.text.clone());
+            let level = if line.stderr {
+                LogLevel::Warn
+            } else {
+                LogLevel::Info
+            };
+            log.write(level, Some(label.to_owned()), &line.text);
+        };
+        let result = match self.agent.wait_ready(placement.agent, AGENT_START).await {
+            Ok(()) => self.agent.run(placement.agent, command, &mut output).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = self.driver.destroy(&spec.id, placement.slot).await {
+            tracing::warn!(build = %job.build_id, error = %e, "removing a build sandbox failed");
+        }
+        let tail: Vec<String> = tail.into_iter().collect();
+        match result {
+            Ok(0) => Ok(()),
+            Ok(code) => Err(format!(
+                "step {label} (`{}`) failed with exit code {code}; last output:\n{}",
+                command.shell,
+                tail.join("\n")
+            )),
+            Err(e) => Err(format!(
+                "step {label} (`{}`) failed: {e}; last output:\n{}",
+                command.shell,
+                tail.join("\n")
+            )),
+        }
+    }
+
+    /// Stacks the layers into the template's rootfs and records it as built.
+    async fn finish(
+        &self,
+        job: &BuildJob,
+        progress: Progress,
+    ) -> Result<TemplateRecord, super::BuildError> {
+        let base = &job.definition.base;
+        let own_layers = &progress.chain[chain_of(base).len()..];
+        let rootfs = if own_layers.is_empty() {
+            base.rootfs.clone()
+        } else {
+            let target = self
+                .layers
+                .rootfs_mount(job.template_id.as_str(), &progress.key);
+            self.layers.mount_rootfs(&progress.chain, &target).await?;
+            target
+        };
+        let mut size = 0;
+        for layer in own_layers {
+            size += crate::disk_usage::bytes_on_disk(layer).unwrap_or(0);
+        }
+        let record = TemplateRecord {
+            name: job.template_id.clone(),
+            content_hash: progress.key,
+            rootfs,
+            built_at: super::now(),
+            size_bytes: size,
+            layers: if own_layers.is_empty() {
+                base.layers.clone()
+            } else {
+                progress.chain
+            },
+            defaults: progress.context,
+        };
+        self.store.put_template(&record)?;
+        Ok(record)
+    }
+}
+
+/// The layers a template's rootfs is made of, bottom first.
+fn chain_of(template: &TemplateRecord) -> Vec<PathBuf> {
+    if template.layers.is_empty() {
+        vec![template.rootfs.clone()]
+    } else {
+        template.layers.clone()
+    }
+}
+
+/// What makes a `RUN`'s result: the command and everything it runs with.
+fn command_key(c: &AgentCommand) -> serde_json::Value {
+    serde_json::json!({
+        "run": c.shell, "user": c.user, "cwd": c.cwd, "env": c.envs,
+    })
+}
+
+fn hash(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for part in parts {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+fn describe(kind: &StepKind) -> String {
+    match kind {
+        StepKind::Run {
+            command,
+            user: Some(user),
+        } => format!("RUN (as {user}) {command}"),
+        StepKind::Run { command, .. } => format!("RUN {command}"),
+        StepKind::Env(pairs) => {
+            let pairs: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("ENV {}", pairs.join(" "))
+        }
+        StepKind::Workdir(dir) => format!("WORKDIR {dir}"),
+        StepKind::User(user) => format!("USER {user}"),
+    }
+}

@@ -1,0 +1,406 @@
+//! Users' templates, their builds and the builds' logs.
+//!
+//! A user template is a name an API key owns (its alias) with an id; each build of it is a row
+//! here with its log. When a build is ready, its root filesystem is recorded in `templates`
+//! under the template's id, like a built-in's, so golden images and pools treat both alike.
+
+use super::{Store, StoreError, TemplateRecord};
+use crate::ids::TemplateName;
+use rusqlite::{params, OptionalExtension, Row};
+
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS user_templates (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    cpu_count INTEGER,
+    memory_mb INTEGER,
+    created_at INTEGER NOT NULL,
+    UNIQUE (owner, alias)
+);
+CREATE TABLE IF NOT EXISTS template_builds (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    reason_step TEXT,
+    created_at INTEGER NOT NULL,
+    finished_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS build_logs (
+    build_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    level TEXT NOT NULL,
+    step TEXT,
+    message TEXT NOT NULL,
+    PRIMARY KEY (build_id, seq)
+);
+";
+
+/// A template an API key builds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserTemplate {
+    /// What `templates` and sandboxes know it by once built.
+    pub id: TemplateName,
+    pub owner: String,
+    /// Its name, unique among its owner's templates and snapshots.
+    pub alias: TemplateName,
+    /// Visible to every key (E2B's `public`).
+    pub public: bool,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    pub created_at: i64,
+}
+
+/// Where a build is (E2B's build statuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildStatus {
+    /// Requested; the steps have not come yet, or it waits for its turn.
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+impl BuildStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildStatus::Waiting => "waiting",
+            BuildStatus::Building => "building",
+            BuildStatus::Ready => "ready",
+            BuildStatus::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Waiting, Self::Building, Self::Ready, Self::Error]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildRecord {
+    /// A UUID, as E2B's SDK expects.
+    pub id: String,
+    pub template_id: TemplateName,
+    pub status: BuildStatus,
+    /// Why it failed: the message, and E2B's step label (`base`, a 1-based step, `finalize`).
+    pub failure: Option<(String, Option<String>)>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// E2B's log levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "debug" => LogLevel::Debug,
+            "warn" => LogLevel::Warn,
+            "error" => LogLevel::Error,
+            _ => LogLevel::Info,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    pub at_ms: i64,
+    pub level: LogLevel,
+    /// E2B's step label, as in [`BuildRecord::failure`].
+    pub step: Option<String>,
+    pub message: String,
+}
+
+fn user_template(row: &Row<'_>) -> rusqlite::Result<(String, UserTemplateRow)> {
+    Ok((
+        row.get(0)?,
+        UserTemplateRow {
+            owner: row.get(1)?,
+            alias: row.get(2)?,
+            public: row.get(3)?,
+            cpu_count: row.get(4)?,
+            memory_mb: row.get(5)?,
+            created_at: row.get(6)?,
+        },
+    ))
+}
+
+struct UserTemplateRow {
+    owner: String,
+    alias: String,
+    public: bool,
+    cpu_count: Option<u32>,
+    memory_mb: Option<u32>,
+    created_at: i64,
+}
+
+fn parse_user_template((id, r): (String, UserTemplateRow)) -> Result<UserTemplate, StoreError> {
+    let name = |s: &str| TemplateName::parse(s).map_err(|_| StoreError::Corrupt(id.clone()));
+    Ok(UserTemplate {
+        id: name(&id)?,
+        alias: name(&r.alias)?,
+        owner: r.owner,
+        public: r.public,
+        cpu_count: r.cpu_count,
+        memory_mb: r.memory_mb,
+        created_at: r.created_at,
+    })
+}
+
+const USER_TEMPLATE_COLUMNS: &str =
+    "id, owner, alias, public, cpu_count, memory_mb, created_at FROM user_templates";
+
+impl Store {
+    /// Records a new user template; `false` if its owner already has one of that alias.
+    pub fn insert_user_template(&self, t: &UserTemplate) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "INSERT OR IGNORE INTO user_templates
+               (id, owner, alias, public, cpu_count, memory_mb, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                t.id.as_str(),
+                t.owner,
+                t.alias.as_str(),
+                t.public,
+                t.cpu_count,
+                t.memory_mb,
+                t.created_at
+            ],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Sets what a new build asked for (E2B keeps a template's latest resources).
+    pub fn update_user_template(&self, t: &UserTemplate) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE user_templates SET cpu_count = ?2, memory_mb = ?3 WHERE id = ?1",
+            params![t.id.as_str(), t.cpu_count, t.memory_mb],
+        )?;
+        Ok(())
+    }
+
+    pub fn user_template(&self, id: &str) -> Result<Option<UserTemplate>, StoreError> {
+        let conn = self.conn();
+        let sql = format!("SELECT {USER_TEMPLATE_COLUMNS} WHERE id = ?1");
+        let row = conn
+            .query_row(&sql, params![id], user_template)
+            .optional()?;
+        row.map(parse_user_template).transpose()
+    }
+
+    /// The owner's template of that alias.
+    pub fn user_template_by_alias(
+        &self,
+        owner: &str,
+        alias: &str,
+    ) -> Result<Option<UserTemplate>, StoreError> {
+        let conn = self.conn();
+        let sql = format!("SELECT {USER_TEMPLATE_COLUMNS} WHERE owner = ?1 AND alias = ?2");
+        let row = conn
+            .query_row(&sql, params![owner, alias], user_template)
+            .optional()?;
+        row.map(parse_user_template).transpose()
+    }
+
+    /// Public templates of that alias, oldest first.
+    pub fn public_templates_by_alias(&self, alias: &str) -> Result<Vec<UserTemplate>, StoreError> {
+        let conn = self.conn();
+        let sql = format!(
+            "SELECT {USER_TEMPLATE_COLUMNS} WHERE alias = ?1 AND public = 1 ORDER BY created_at"
+        );
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map(params![alias], user_template)?;
+        rows.map(|r| parse_user_template(r?)).collect()
+    }
+
+    pub fn user_templates(&self) -> Result<Vec<UserTemplate>, StoreError> {
+        let conn = self.conn();
+        let sql = format!("SELECT {USER_TEMPLATE_COLUMNS} ORDER BY created_at");
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map([], user_template)?;
+        rows.map(|r| parse_user_template(r?)).collect()
+    }
+
+    /// Deletes the template, its builds, their logs and its built root filesystem's record.
+    pub fn delete_user_template(&self, id: &TemplateName) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "DELETE FROM build_logs WHERE build_id IN
+               (SELECT id FROM template_builds WHERE template_id = ?1)",
+            params![id.as_str()],
+        )?;
+        for sql in [
+            "DELETE FROM template_builds WHERE template_id = ?1",
+            "DELETE FROM templates WHERE name = ?1",
+            "DELETE FROM user_templates WHERE id = ?1",
+        ] {
+            tx.execute(sql, params![id.as_str()])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn insert_build(&self, b: &BuildRecord) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO template_builds (id, template_id, status, created_at)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                b.id,
+                b.template_id.as_str(),
+                b.status.as_str(),
+                b.created_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn build(&self, id: &str) -> Result<Option<BuildRecord>, StoreError> {
+        let conn = self.conn();
+        let row = conn
+            .query_row(
+                "SELECT id, template_id, status, reason, reason_step, created_at, finished_at
+                 FROM template_builds WHERE id = ?1",
+                params![id],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, Option<String>>(3)?,
+                        row.get::<_, Option<String>>(4)?,
+                        row.get::<_, i64>(5)?,
+                        row.get::<_, Option<i64>>(6)?,
+                    ))
+                },
+            )
+            .optional()?;
+        let Some((id, template, status, reason, step, created_at, finished_at)) = row else {
+            return Ok(None);
+        };
+        let corrupt = || StoreError::Corrupt(id.clone());
+        Ok(Some(BuildRecord {
+            template_id: TemplateName::parse(&template).map_err(|_| corrupt())?,
+            status: BuildStatus::parse(&status).ok_or_else(corrupt)?,
+            failure: reason.map(|r| (r, step)),
+            created_at,
+            finished_at,
+            id,
+        }))
+    }
+
+    /// Moves a build on; a final status (ready, error) also records when it ended.
+    pub fn set_build_status(
+        &self,
+        id: &str,
+        status: BuildStatus,
+        failure: Option<(&str, Option<&str>)>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let finished = matches!(status, BuildStatus::Ready | BuildStatus::Error).then_some(now);
+        self.conn().execute(
+            "UPDATE template_builds SET status = ?2, reason = ?3, reason_step = ?4,
+               finished_at = ?5 WHERE id = ?1",
+            params![
+                id,
+                status.as_str(),
+                failure.map(|f| f.0),
+                failure.and_then(|f| f.1),
+                finished
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Builds that were under way when the server stopped: they cannot go on.
+    pub fn unfinished_builds(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT id FROM template_builds WHERE status IN ('waiting', 'building')")?;
+        let rows = stmt.query_map([], |row| row.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn append_build_log(&self, build: &str, entry: &LogEntry) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO build_logs (build_id, seq, at_ms, level, step, message)
+             VALUES (?1, (SELECT COUNT(*) FROM build_logs WHERE build_id = ?1), ?2, ?3, ?4, ?5)",
+            params![
+                build,
+                entry.at_ms,
+                entry.level.as_str(),
+                entry.step,
+                entry.message
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Up to `limit` of the build's log entries, from the `offset`th on.
+    pub fn build_logs(
+        &self,
+        build: &str,
+        offset: u64,
+        limit: u64,
+    ) -> Result<Vec<LogEntry>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT at_ms, level, step, message FROM build_logs
+             WHERE build_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(params![build, as_i64(offset), as_i64(limit)], |row| {
+            Ok(LogEntry {
+                at_ms: row.get(0)?,
+                level: LogLevel::parse(&row.get::<_, String>(1)?),
+                step: row.get(2)?,
+                message: row.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The built template that `name` means to `owner` (`None`: no key): its own (by alias or
+    /// id), a public one (by alias or id), or a built-in; never another key's private template.
+    /// With the user template it belongs to, if any.
+    pub fn visible_template(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+    ) -> Result<Option<(TemplateRecord, Option<UserTemplate>)>, StoreError> {
+        let user_template = match self.user_template(name)? {
+            Some(t) if t.public || Some(t.owner.as_str()) == owner => Some(t),
+            Some(_) => return Ok(None),
+            None => match owner {
+                Some(owner) => self.user_template_by_alias(owner, name)?,
+                None => None,
+            }
+            .or(self.public_templates_by_alias(name)?.into_iter().next()),
+        };
+        let id = user_template.as_ref().map_or(name, |t| t.id.as_str());
+        let Ok(id) = TemplateName::parse(id) else {
+            return Ok(None);
+        };
+        Ok(self.template(&id)?.map(|record| (record, user_template)))
+    }
+}

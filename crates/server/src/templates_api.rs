@@ -1,0 +1,385 @@
+//! Users' templates, as E2B's template builder calls them (protocol doc §2.6): request a build,
+//! start it with its steps, follow its status and logs, look an alias up, delete.
+//!
+//! A template belongs to the key that built it; another key gets the same 404 as for a name
+//! that does not exist. Names are unique per key, and never a built-in's or the key's
+//! snapshot's.
+
+use crate::api::Caller;
+use crate::error::{ApiError, JsonBody};
+use crate::AppState;
+use airlock_core::build::{BuildDefinition, BuildJob, Step, StepKind};
+use airlock_core::driver::Resources;
+use airlock_core::ids::{SandboxId, TemplateName};
+use airlock_core::store::{BuildRecord, BuildStatus, UserTemplate};
+use airlock_core::template::KNOWN_TEMPLATES;
+use airlock_wire::templates::{
+    BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateAlias,
+    TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart, TemplateStep,
+};
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+/// Most log entries one status call returns.
+const MAX_LOG_PAGE: u64 = 1000;
+/// Most steps one build may have.
+const MAX_STEPS: usize = 1000;
+/// E2B's base image, which the SDK names when no `from_*` was called: here, the `base` template.
+const E2B_BASE_IMAGE: &str = "e2bdev/base";
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v3/templates", post(request_build))
+        .route("/v2/templates/{id}/builds/{build}", post(start_build))
+        .route("/templates/{id}/builds/{build}/status", get(build_status))
+        .route("/templates/{id}/files/{hash}", get(file_upload_link))
+        .route("/templates/aliases/{alias}", get(alias))
+}
+
+/// The caller's template `id` (its id or alias), or 404.
+fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<UserTemplate, ApiError> {
+    let found = match state.store.user_template(id)? {
+        Some(t) => Some(t),
+        None => state.store.user_template_by_alias(&caller.0, id)?,
+    };
+    found
+        .filter(|t| t.owner == caller.0)
+        .ok_or_else(|| ApiError::not_found(format!("template '{id}' not found")))
+}
+
+async fn request_build(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<TemplateBuildRequest>,
+) -> Result<Response, ApiError> {
+    let given = body
+        .name
+        .or(body.alias)
+        .ok_or_else(|| ApiError::bad_request("name is required"))?;
+    if given.contains('/') {
+        return Err(ApiError::bad_request(format!(
+            "'{given}': namespaces (team/name) are not supported here: name templates without one"
+        )));
+    }
+    if given.contains(':') || body.tags.is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::bad_request(format!(
+            "'{given}': template tags are not supported yet: build it under a plain name"
+        )));
+    }
+    let alias = TemplateName::parse(&given).map_err(|_| {
+        ApiError::bad_request(format!(
+            "'{given}' is not a valid template name: 1-64 of a-z, 0-9, '.', '_' and '-', \
+             starting with a letter or digit"
+        ))
+    })?;
+    if KNOWN_TEMPLATES.contains(&alias.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("'{alias}' is the name of a built-in template; choose another"),
+        ));
+    }
+    if state.store.snapshot(&caller.0, &alias)?.is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("you have a snapshot named '{alias}'; choose another name"),
+        ));
+    }
+    let max = state.lifecycle.limits().max_resources;
+    for (what, asked, max) in [
+        ("cpuCount", body.cpu_count, max.cpu_count),
+        ("memoryMB", body.memory_mb, max.memory_mb),
+    ] {
+        if asked.is_some_and(|n| n == 0 || n > max) {
+            return Err(ApiError::bad_request(format!(
+                "{what} must be between 1 and {max} on this server"
+            )));
+        }
+    }
+    let now = chrono::Utc::now().timestamp();
+    let fresh = UserTemplate {
+        id: TemplateName::parse(SandboxId::generate().as_str()).expect("ids are valid names"),
+        owner: caller.0.clone(),
+        alias: alias.clone(),
+        public: false,
+        cpu_count: body.cpu_count,
+        memory_mb: body.memory_mb,
+        created_at: now,
+    };
+    // A name the key has already built gets a new build of the same template.
+    let template = if state.store.insert_user_template(&fresh)? {
+        fresh
+    } else {
+        let existing = owned(&state, &caller, alias.as_str())?;
+        let updated = UserTemplate {
+            cpu_count: body.cpu_count,
+            memory_mb: body.memory_mb,
+            ..existing
+        };
+        state.store.update_user_template(&updated)?;
+        updated
+    };
+    let build = BuildRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        template_id: template.id.clone(),
+        status: BuildStatus::Waiting,
+        failure: None,
+        created_at: now,
+        finished_at: None,
+    };
+    state.store.insert_build(&build)?;
+    let created = TemplateBuildCreated {
+        template_id: template.id.to_string(),
+        build_id: build.id,
+        public: template.public,
+        names: vec![alias.to_string()],
+        tags: Vec::new(),
+        aliases: vec![alias.to_string()],
+    };
+    Ok((StatusCode::ACCEPTED, Json(created)).into_response())
+}
+
+/// The build `build` of the caller's template `id`, or 404.
+fn owned_build(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    build: &str,
+) -> Result<(UserTemplate, BuildRecord), ApiError> {
+    let template = owned(state, caller, id)?;
+    match state.store.build(build)? {
+        Some(b) if b.template_id == template.id => Ok((template, b)),
+        _ => Err(ApiError::not_found(format!(
+            "build '{build}' of template '{id}' not found"
+        ))),
+    }
+}
+
+async fn start_build(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, build)): Path<(String, String)>,
+    JsonBody(body): JsonBody<TemplateBuildStart>,
+) -> Result<Response, ApiError> {
+    let (template, record) = owned_build(&state, &caller, &id, &build)?;
+    if record.status != BuildStatus::Waiting {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("build '{build}' has already started"),
+        ));
+    }
+    let definition = match definition(&state, &caller, body) {
+        Ok(d) => d,
+        Err(e) => {
+            // The SDK polls the status next only if this succeeds; a script polling anyway
+            // sees why.
+            let now = chrono::Utc::now().timestamp();
+            let failure = Some((e.message.as_str(), Some("base")));
+            state
+                .store
+                .set_build_status(&build, BuildStatus::Error, failure, now)?;
+            return Err(e);
+        }
+    };
+    let defaults = state.lifecycle.limits().default_resources;
+    state.builder.start(BuildJob {
+        build_id: record.id,
+        template_id: template.id,
+        definition,
+        resources: Resources {
+            cpu_count: template.cpu_count.unwrap_or(defaults.cpu_count),
+            memory_mb: template.memory_mb.unwrap_or(defaults.memory_mb),
+            disk_mb: 0,
+        },
+    });
+    Ok((StatusCode::ACCEPTED, Json(serde_json::json!({}))).into_response())
+}
+
+/// Checks the SDK's build body and turns it into what the builder runs.
+fn definition(
+    state: &AppState,
+    caller: &Caller,
+    body: TemplateBuildStart,
+) -> Result<BuildDefinition, ApiError> {
+    if body.from_image_registry.is_some() {
+        return Err(ApiError::bad_request(
+            "registry credentials are not supported yet: build from a template",
+        ));
+    }
+    if body.start_cmd.is_some() || body.ready_cmd.is_some() {
+        return Err(ApiError::bad_request(
+            "start and ready commands are not supported yet: leave set_start_cmd and \
+             set_ready_cmd out",
+        ));
+    }
+    let base_name = match (&body.from_template, &body.from_image) {
+        (Some(t), _) => t.clone(),
+        (None, Some(image)) if image.split(':').next() == Some(E2B_BASE_IMAGE) => "base".into(),
+        (None, Some(image)) => {
+            return Err(ApiError::bad_request(format!(
+                "building from an image ('{image}') is not supported yet: use from_template, \
+                 e.g. from_template(\"base\")"
+            )))
+        }
+        (None, None) => "base".into(),
+    };
+    let (base, _) = state
+        .store
+        .visible_template(Some(&caller.0), &base_name)?
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "template '{base_name}' not found (or not built yet)"
+            ))
+        })?;
+    if body.steps.len() > MAX_STEPS {
+        return Err(ApiError::bad_request(format!(
+            "a build may have at most {MAX_STEPS} steps"
+        )));
+    }
+    let steps = body
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| step(s).map_err(|m| ApiError::bad_request(format!("step {}: {m}", i + 1))))
+        .collect::<Result<_, _>>()?;
+    Ok(BuildDefinition {
+        base,
+        steps,
+        force: body.force,
+    })
+}
+
+fn step(s: &TemplateStep) -> Result<Step, String> {
+    let args = &s.args;
+    let non_empty = |what: &str, v: &str| {
+        if v.is_empty() || v.contains('\0') {
+            Err(format!("{} needs a non-empty {what}", s.kind))
+        } else {
+            Ok(v.to_owned())
+        }
+    };
+    let kind = match (s.kind.as_str(), args.as_slice()) {
+        ("RUN", [command]) => StepKind::Run {
+            command: non_empty("command", command)?,
+            user: None,
+        },
+        ("RUN", [command, user]) => StepKind::Run {
+            command: non_empty("command", command)?,
+            user: Some(non_empty("user", user)?),
+        },
+        ("ENV", pairs) if !pairs.is_empty() && pairs.len() % 2 == 0 => StepKind::Env(
+            pairs
+                .chunks(2)
+                .map(|kv| Ok((non_empty("name", &kv[0])?, kv[1].clone())))
+                .collect::<Result<_, String>>()?,
+        ),
+        ("WORKDIR", [dir]) if dir.starts_with('/') => StepKind::Workdir(dir.clone()),
+        ("WORKDIR", [dir]) => return Err(format!("WORKDIR must be absolute, not '{dir}'")),
+        ("USER", [user]) => StepKind::User(non_empty("user", user)?),
+        ("COPY", _) => {
+            return Err(
+                "COPY is not supported yet: put files in with a RUN step (git clone, \
+                 curl) or write them into the sandbox after it starts"
+                    .into(),
+            )
+        }
+        ("RUN" | "ENV" | "WORKDIR" | "USER", _) => {
+            return Err(format!("{} got the wrong number of arguments", s.kind))
+        }
+        (other, _) => return Err(format!("unknown step type '{other}'")),
+    };
+    Ok(Step {
+        kind,
+        force: s.force,
+    })
+}
+
+async fn build_status(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, build)): Path<(String, String)>,
+    Query(query): Query<BuildStatusQuery>,
+) -> Result<Json<BuildStatusBody>, ApiError> {
+    let (template, record) = owned_build(&state, &caller, &id, &build)?;
+    let limit = query.limit.unwrap_or(100).clamp(1, MAX_LOG_PAGE);
+    let entries = state
+        .store
+        .build_logs(&record.id, query.logs_offset.unwrap_or(0), limit)?;
+    let log_entries = entries
+        .into_iter()
+        .map(|e| BuildLogEntry {
+            timestamp: chrono::DateTime::from_timestamp_millis(e.at_ms)
+                .unwrap_or_default()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            level: e.level.as_str().into(),
+            message: e.message,
+            step: e.step,
+        })
+        .collect();
+    Ok(Json(BuildStatusBody {
+        template_id: template.id.to_string(),
+        build_id: record.id,
+        status: record.status.as_str().into(),
+        logs: Vec::new(),
+        log_entries,
+        reason: record
+            .failure
+            .map(|(message, step)| BuildFailureReason { message, step }),
+    }))
+}
+
+/// COPY's upload link. Refused until COPY is supported, so that the SDK stops before uploading.
+async fn file_upload_link(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, _hash)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    owned(&state, &caller, &id)?;
+    Err(ApiError::bad_request(
+        "COPY is not supported yet: put files in with a RUN step (git clone, curl) or write \
+         them into the sandbox after it starts",
+    ))
+}
+
+/// `Template.exists`: 200 for a name the caller can build from, 404 otherwise (another key's
+/// private template included).
+async fn alias(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(alias): Path<String>,
+) -> Result<Json<TemplateAlias>, ApiError> {
+    if KNOWN_TEMPLATES.contains(&alias.as_str()) {
+        return Ok(Json(TemplateAlias {
+            template_id: alias,
+            public: true,
+        }));
+    }
+    let found = match state.store.user_template_by_alias(&caller.0, &alias)? {
+        Some(t) => Some(t),
+        None => state
+            .store
+            .public_templates_by_alias(&alias)?
+            .into_iter()
+            .next(),
+    };
+    let template =
+        found.ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
+    Ok(Json(TemplateAlias {
+        template_id: template.id.to_string(),
+        public: template.public,
+    }))
+}
+
+/// `DELETE /templates/{id}` for a user template (snapshots share the route; see `api`).
+/// Sandboxes running from it keep its files, which stay on disk.
+pub fn delete_owned(state: &AppState, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+    match owned(state, caller, id) {
+        Ok(template) => {
+            state.store.delete_user_template(&template.id)?;
+            Ok(true)
+        }
+        Err(_) => Ok(false),
+    }
+}

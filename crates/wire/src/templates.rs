@@ -1,0 +1,120 @@
+//! E2B's template-build API (protocol doc §2.6), as the SDK's template builder calls it.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v3/templates`. Older JS SDKs send `alias` where newer ones send `name`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildRequest {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub alias: Option<String>,
+    #[serde(default)]
+    pub tags: Option<Vec<String>>,
+    #[serde(default)]
+    pub cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB")]
+    pub memory_mb: Option<u32>,
+}
+
+/// The answer to [`TemplateBuildRequest`] (status 202; every field is required by the SDK).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildCreated {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub public: bool,
+    pub names: Vec<String>,
+    pub tags: Vec<String>,
+    pub aliases: Vec<String>,
+}
+
+/// `POST /v2/templates/{id}/builds/{buildID}`: what to build.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildStart {
+    #[serde(default)]
+    pub from_image: Option<String>,
+    #[serde(default)]
+    pub from_template: Option<String>,
+    #[serde(default)]
+    pub from_image_registry: Option<serde_json::Value>,
+    #[serde(default)]
+    pub steps: Vec<TemplateStep>,
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default)]
+    pub start_cmd: Option<String>,
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateStep {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default)]
+    pub files_hash: Option<String>,
+}
+
+/// `GET /templates/{id}/builds/{buildID}/status`'s query.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStatusQuery {
+    #[serde(default)]
+    pub logs_offset: Option<u64>,
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStatusBody {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    /// `waiting`, `building`, `ready` or `error`.
+    pub status: String,
+    /// Deprecated by E2B, still required by the SDK: always empty.
+    pub logs: Vec<String>,
+    pub log_entries: Vec<BuildLogEntry>,
+    /// Absent unless the build failed (the SDK cannot read `null` here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<BuildFailureReason>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildLogEntry {
+    /// ISO 8601.
+    pub timestamp: String,
+    /// `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildFailureReason {
+    pub message: String,
+    /// `base`, a 1-based step index, or `finalize`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+/// `GET /templates/aliases/{alias}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateAlias {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    pub public: bool,
+}

@@ -1,0 +1,165 @@
+"""Users' templates through E2B's own template builder (`Template.build` of the pinned SDK): each
+RUN runs in a gVisor build sandbox, its layer is cached, and the template then starts sandboxes
+like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
+
+import uuid
+
+import pytest
+from e2b import BuildException, Sandbox, Template
+
+
+def fresh_name():
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def names(server):
+    """Template names for one test; each is deleted afterwards (with its key's API key)."""
+    made = []
+
+    def make(api_key=None):
+        name = fresh_name()
+        made.append((name, api_key))
+        return name
+
+    yield make
+    for name, api_key in made:
+        kwargs = {"api_key": api_key} if api_key else {}
+        try:
+            Sandbox.delete_snapshot(name, **kwargs)
+        except Exception:
+            pass
+
+
+def messages(logs):
+    return [str(entry.message) for entry in logs]
+
+
+def definition():
+    """A fresh builder each time: the SDK's builder methods add to the template they are on."""
+    return (
+        Template()
+        .from_template("base")
+        .set_envs({"GREETING": "hello"})
+        .run_cmd("mkdir -p /opt/app && echo built-$GREETING > /opt/app/marker "
+                 "&& chown -R user:user /opt/app", user="root")
+        .apt_install(["jq"])
+        .set_workdir("/opt/app")
+        .set_user("user")
+        .run_cmd("whoami > whoami.txt && pwd > pwd.txt")
+    )
+
+
+def test_a_built_template_starts_sandboxes_with_its_files_env_user_and_workdir(names):
+    name = names()
+    logs = []
+    Template.build(definition(), name, cpu_count=1, memory_mb=1024, on_build_logs=logs.append)
+    assert any("[3/6] RUN (as root) apt-get update" in m for m in messages(logs)), messages(logs)
+
+    sbx = Sandbox.create(name)
+    try:
+        run = sbx.commands.run(
+            "cat /opt/app/marker /opt/app/whoami.txt /opt/app/pwd.txt; pwd; whoami; "
+            "echo $GREETING; jq --version")
+        lines = run.stdout.split()
+        assert lines[:3] == ["built-hello", "user", "/opt/app"], run.stdout
+        assert lines[3:6] == ["/opt/app", "user", "hello"], run.stdout
+        assert lines[6].startswith("jq-"), run.stdout
+        # The template is read-only under the sandbox: writes are the sandbox's own.
+        sbx.commands.run("echo mine > /opt/app/marker")
+    finally:
+        sbx.kill()
+    other = Sandbox.create(name)
+    try:
+        assert other.commands.run("cat /opt/app/marker").stdout.strip() == "built-hello"
+    finally:
+        other.kill()
+
+    # The same definition again: every RUN comes from its cached layer.
+    again = []
+    Template.build(definition(), name, on_build_logs=again.append)
+    assert messages(again).count("CACHED") == 3, messages(again)
+
+    # A new last step runs; the ones before it come from the cache. (Layers outlive a test
+    # run: the step names this run's template, so it is new.)
+    changed = definition().run_cmd(f"echo {name} > changed.txt")
+    third = []
+    Template.build(changed, name, on_build_logs=third.append)
+    assert messages(third).count("CACHED") == 3, messages(third)
+    assert any(m.startswith("done in") for m in messages(third)), messages(third)
+    sbx = Sandbox.create(name)
+    try:
+        assert sbx.commands.run("cat /opt/app/changed.txt").stdout.strip() == name
+    finally:
+        sbx.kill()
+
+
+def test_a_template_builds_on_another_template(names):
+    parent, child = names(), names()
+    Template.build(Template().from_template("base").run_cmd("echo parent > /parent", user="root"),
+                   parent)
+    Template.build(Template().from_template(parent).run_cmd("echo child > /child", user="root"),
+                   child)
+    sbx = Sandbox.create(child)
+    try:
+        assert sbx.commands.run("cat /parent /child").stdout.split() == ["parent", "child"]
+    finally:
+        sbx.kill()
+
+
+def test_a_failing_step_fails_the_build_with_its_command_exit_code_and_output(names):
+    name = names()
+    failing = (Template().from_template("base")
+               .run_cmd("echo first")
+               .run_cmd("echo about to fail; exit 3"))
+    with pytest.raises(BuildException) as err:
+        Template.build(failing, name)
+    text = str(err.value)
+    assert "step 2" in text and "exit code 3" in text and "about to fail" in text, text
+    with pytest.raises(Exception):
+        Sandbox.create(name)
+
+
+def test_templates_belong_to_their_key(names, other_key):
+    mine = names()
+    Template.build(Template().from_template("base").run_cmd("echo a > /owner", user="root"), mine)
+    assert Template.exists(mine)
+    assert not Template.exists(mine, api_key=other_key)
+    with pytest.raises(Exception) as err:
+        Sandbox.create(mine, api_key=other_key)
+    assert "not found" in str(err.value).lower(), err.value
+
+    # The other key may use the same name for its own template; each key gets its own.
+    theirs = names(api_key=other_key)
+    Template.build(Template().from_template("base").run_cmd("echo b > /owner", user="root"),
+                   theirs, api_key=other_key)
+    Template.build(Template().from_template("base").run_cmd("echo b > /owner", user="root"),
+                   mine, api_key=other_key)
+    for key, expected in [(None, "a"), (other_key, "b")]:
+        kwargs = {"api_key": key} if key else {}
+        sbx = Sandbox.create(mine, **kwargs)
+        try:
+            assert sbx.commands.run("cat /owner").stdout.strip() == expected
+        finally:
+            sbx.kill()
+    # A delete by the other key removes its own template of that name, not this one.
+    assert Sandbox.delete_snapshot(mine, api_key=other_key)
+    assert Template.exists(mine)
+
+
+@pytest.mark.parametrize("definition, expected", [
+    (Template().from_template("no-such-template").run_cmd("true"), "not found"),
+    (Template().from_image("python:3.12-slim").run_cmd("true"), "not supported yet"),
+    (Template().from_template("base").run_cmd("true").set_start_cmd("sleep 1000", "true"),
+     "not supported yet"),
+])
+def test_what_cannot_be_built_is_refused_with_a_clear_message(names, definition, expected):
+    with pytest.raises(BuildException) as err:
+        Template.build(definition, names())
+    assert expected in str(err.value), err.value
+
+
+def test_a_built_in_name_is_taken(server):
+    with pytest.raises(Exception) as err:
+        Template.build(Template().from_template("base").run_cmd("true"), "base")
+    assert "built-in" in str(err.value), err.value
