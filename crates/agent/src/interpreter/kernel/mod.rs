@@ -7,31 +7,38 @@
 //! queues, which the execution loop selects on together with the process's exit, the client's
 //! disconnect and its timers.
 
+mod process;
+mod run_state;
+
+pub use process::KillSwitch;
+use process::{
+    describe_exit, exited, lease_ports, pump, AbortOnDrop, ConnectionDir, GroupGuard,
+    KernelMessage, PortLease,
+};
+use run_state::RunState;
+
 use super::envcode::{self, EnvState};
-use super::events::{self, Event, Output, ResultEvent, StreamName};
+use super::events::{self, Event, Output};
 use super::kernelspec::{Dialect, Kernelspec};
 use crate::users::User;
 use jupyter_protocol::{
     ConnectionInfo, ExecuteRequest, InterruptRequest, JupyterMessage, KernelInfoRequest,
     ShutdownRequest, Transport,
 };
-use jupyter_zmq_client::{Connection, DealerSendConnection, RawMessage};
+use jupyter_zmq_client::DealerSendConnection;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep_until, Instant};
 
 /// How long a kernel may take to answer its first `kernel_info_request`. Kernels under gVisor
 /// are slow to import their libraries.
@@ -93,171 +100,6 @@ pub enum KillReason {
     Unresponsive,
 }
 
-/// Kills a kernel's process group from anywhere, e.g. a restart while a run holds the kernel.
-#[derive(Debug)]
-pub struct KillSwitch {
-    pgid: i32,
-    exited: AtomicBool,
-    reason: Mutex<Option<KillReason>>,
-}
-
-impl KillSwitch {
-    pub fn kill(&self, reason: KillReason) {
-        self.reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(reason);
-        if !self.exited.load(Ordering::SeqCst) {
-            let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
-        }
-    }
-
-    fn reason(&self) -> Option<KillReason> {
-        *self.reason.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Kills the whole process group when dropped: no kernel (or anything it started in its group)
-/// outlives its owner, including a launch that failed or was cancelled half-way.
-struct GroupGuard(i32);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
-    }
-}
-
-/// The private directory holding the connection file; removed when dropped.
-struct ConnectionDir(PathBuf);
-
-impl ConnectionDir {
-    /// Writes the connection file, readable only by the kernel's user.
-    fn create(user: &User, info: &ConnectionInfo) -> std::io::Result<(ConnectionDir, PathBuf)> {
-        let dir = std::env::temp_dir().join(format!("airlock-kernel-{}", uuid::Uuid::new_v4()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        let guard = ConnectionDir(dir.clone());
-        std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))?;
-        let file = dir.join("connection.json");
-        let json = serde_json::to_vec(info).map_err(std::io::Error::other)?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&file)?;
-        std::io::Write::write_all(&mut f, &json)?;
-        std::os::unix::fs::chown(&file, Some(user.uid), Some(user.gid))?;
-        Ok((guard, file))
-    }
-}
-
-impl Drop for ConnectionDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Aborts a channel reader when the kernel goes away.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A decoded kernel message: just the parts we route on, content as raw JSON.
-#[derive(Debug)]
-pub struct KernelMessage {
-    pub msg_type: String,
-    pub parent_id: Option<String>,
-    pub date: Option<String>,
-    pub content: Value,
-}
-
-impl KernelMessage {
-    fn decode(raw: RawMessage) -> Result<KernelMessage, String> {
-        let part = |i: usize| -> Result<Value, String> {
-            let bytes = raw.jparts.get(i).ok_or("missing message part")?;
-            serde_json::from_slice(bytes).map_err(|e| e.to_string())
-        };
-        let header = part(0)?;
-        let parent = part(1)?;
-        let content = part(3)?;
-        let field = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
-        Ok(KernelMessage {
-            msg_type: field(&header, "msg_type").ok_or("message without msg_type")?,
-            parent_id: field(&parent, "msg_id"),
-            date: field(&header, "date"),
-            content,
-        })
-    }
-
-    fn is_child_of(&self, msg_id: &str) -> bool {
-        self.parent_id.as_deref() == Some(msg_id)
-    }
-
-    fn str(&self, key: &str) -> Option<&str> {
-        self.content.get(key).and_then(Value::as_str)
-    }
-}
-
-/// Forwards one channel's messages until the kernel is dropped.
-async fn pump<S>(mut conn: Connection<S>, tx: mpsc::Sender<KernelMessage>, channel: &'static str)
-where
-    S: zeromq::SocketRecv + Send,
-{
-    loop {
-        let received = tokio::select! {
-            _ = tx.closed() => return,
-            r = conn.socket.recv() => r,
-        };
-        match received {
-            Ok(zmq) => match RawMessage::from_multipart(zmq, &conn.mac)
-                .map_err(|e| e.to_string())
-                .and_then(KernelMessage::decode)
-            {
-                Ok(msg) => {
-                    tracing::trace!(
-                        "{channel} <- {} (parent {:?}) {:.200}",
-                        msg.msg_type,
-                        msg.parent_id,
-                        msg.content.to_string()
-                    );
-                    if tx.send(msg).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => tracing::warn!("dropping a malformed {channel} message: {e}"),
-            },
-            Err(e) => {
-                // A kernel that went away makes the socket fail at once: don't spin.
-                tracing::debug!("{channel} channel: {e}");
-                sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// Resolves once the kernel process has exited (or its watcher is gone).
-async fn exited(exit: &mut watch::Receiver<Option<String>>) {
-    // The borrow `wait_for` returns is not Send: drop it here, not across the caller's awaits.
-    let _ = exit.wait_for(Option::is_some).await;
-}
-
-fn describe_exit(status: std::io::Result<ExitStatus>) -> String {
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => format!("exit status {code}"),
-            (None, Some(sig)) => match Signal::try_from(sig) {
-                Ok(name) => format!("killed by signal {sig} ({name})"),
-                Err(_) => format!("killed by signal {sig}"),
-            },
-            _ => s.to_string(),
-        },
-        Err(e) => format!("unknown exit: {e}"),
-    }
-}
-
 /// How one execution ended, for the context that owns the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunEnd {
@@ -288,38 +130,6 @@ pub struct Kernel {
     _dir: ConnectionDir,
     _group: GroupGuard,
     _ports: PortLease,
-}
-
-/// Ports handed to kernels that are alive (or still starting). A kernel binds its ports seconds
-/// after we pick them; without this, two kernels starting at once could be given the same ones.
-static LEASED_PORTS: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-
-/// Returns its ports to the pool when the kernel is gone.
-struct PortLease(Vec<u16>);
-
-impl Drop for PortLease {
-    fn drop(&mut self) {
-        let mut leased = LEASED_PORTS.lock().unwrap_or_else(|e| e.into_inner());
-        leased.retain(|p| !self.0.contains(p));
-    }
-}
-
-/// Five free loopback ports that no other kernel holds, with listeners keeping them until spawn.
-async fn lease_ports(
-    ip: IpAddr,
-) -> Result<(Vec<u16>, Vec<tokio::net::TcpListener>, PortLease), KernelError> {
-    for _ in 0..20 {
-        let (ports, listeners) = jupyter_zmq_client::peek_ports_with_listeners(ip, 5).await?;
-        let mut leased = LEASED_PORTS.lock().unwrap_or_else(|e| e.into_inner());
-        if ports.iter().any(|p| leased.contains(p)) {
-            continue;
-        }
-        leased.extend(&ports);
-        return Ok((ports.clone(), listeners, PortLease(ports)));
-    }
-    Err(KernelError::Setup(
-        "no free loopback ports for the kernel".into(),
-    ))
 }
 
 impl Kernel {
@@ -836,81 +646,12 @@ fn reseed_snippet(dialect: Dialect) -> Option<&'static str> {
     }
 }
 
-/// What one execution has seen so far.
-#[derive(Default)]
-struct RunState {
-    count_sent: bool,
-    errored: bool,
-    replied: bool,
-    idle_at: Option<Instant>,
-}
-
-impl RunState {
-    async fn send_count(&mut self, content: &Value, out: &mut Output) {
-        if self.count_sent {
-            return;
-        }
-        if let Some(n) = content.get("execution_count").and_then(Value::as_i64) {
-            self.count_sent = true;
-            out.send(&Event::NumberOfExecutions { execution_count: n })
-                .await;
-        }
-    }
-
-    async fn on_iopub(&mut self, m: KernelMessage, out: &mut Output) {
-        match m.msg_type.as_str() {
-            "execute_input" => self.send_count(&m.content, out).await,
-            "stream" => {
-                let name = match m.str("name") {
-                    Some("stderr") => StreamName::Stderr,
-                    _ => StreamName::Stdout,
-                };
-                let text = m.str("text").unwrap_or_default().to_owned();
-                out.stream(name, text, events::timestamp(m.date.as_deref()))
-                    .await;
-            }
-            "execute_result" | "display_data" => {
-                let empty = Map::new();
-                let bundle = m
-                    .content
-                    .get("data")
-                    .and_then(Value::as_object)
-                    .unwrap_or(&empty);
-                let result = ResultEvent::from_bundle(bundle, m.msg_type == "execute_result");
-                out.result(result).await;
-            }
-            "error" if !self.errored => {
-                self.errored = true;
-                out.send(&Event::from_kernel_error(&m.content)).await;
-            }
-            "status" if m.str("execution_state") == Some("idle") => {
-                self.idle_at.get_or_insert_with(Instant::now);
-            }
-            _ => {}
-        }
-    }
-
-    async fn on_reply(&mut self, m: KernelMessage, out: &mut Output) {
-        self.replied = true;
-        self.send_count(&m.content, out).await;
-        match m.str("status") {
-            Some("error") if !self.errored => {
-                self.errored = true;
-                out.send(&Event::from_kernel_error(&m.content)).await;
-            }
-            Some("abort") | Some("aborted") => {
-                out.send(&Event::error("ExecutionAborted", "Execution was aborted"))
-                    .await;
-            }
-            _ => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::body::Bytes;
+    use jupyter_zmq_client::RawMessage;
+    use serde_json::Value;
 
     fn raw(header: Value, parent: Value, content: Value) -> RawMessage {
         RawMessage {
