@@ -195,14 +195,15 @@ pub(crate) async fn forget_address(addr: Ipv4Addr) -> Result<(), DriverError> {
     let killed = host_cmd::run(&format!("ss --kill dst {addr}"), ss, None).await;
     for direction in ["--orig-src", "--orig-dst"] {
         // conntrack lists, then deletes one by one, and gives up at the first flow that went
-        // away meanwhile (the sockets just destroyed end theirs): so then again. Finding
-        // nothing to delete, it reports a failure.
+        // away meanwhile (the sockets just destroyed end theirs). Even a run that succeeds can
+        // leave flows behind (seen in CI: the proxy's flows of a dead sandbox): so again, until
+        // it finds nothing left, which it reports as a failure.
         for _ in 0..10 {
             let mut conntrack = Command::new("conntrack");
             conntrack.args(["--delete", direction, &addr]);
             let what = format!("conntrack --delete {direction} {addr}");
             match host_cmd::run(&what, conntrack, None).await {
-                Ok(()) => break,
+                Ok(()) => continue,
                 Err(e) if e.to_string().contains("0 flow entries") => break,
                 Err(e) if e.to_string().contains("such conntrack doesn't exist") => continue,
                 Err(e) => return Err(e),
