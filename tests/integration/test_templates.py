@@ -116,8 +116,9 @@ def test_a_failing_step_fails_the_build_with_its_command_exit_code_and_output(na
         Template.build(failing, name)
     text = str(err.value)
     assert "step 2" in text and "exit code 3" in text and "about to fail" in text, text
-    with pytest.raises(Exception):
+    with pytest.raises(Exception) as err:
         Sandbox.create(name)
+    assert "not found" in str(err.value).lower(), err.value
 
 
 def test_templates_belong_to_their_key(names, other_key):

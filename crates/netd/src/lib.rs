@@ -36,6 +36,18 @@ impl State {
     }
 }
 
+/// Logs to stderr at the level `AIRLOCK_LOG` names (`info` by default). The server and netd log
+/// alike, so that their lines read as one.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// Raises this process's open-files limit to the hard limit (and says so): every sandbox, proxied
 /// connection and client connection costs descriptors, and the usual soft limit of 1024 would
 /// run out long before the budgets do. The server and netd both call it.

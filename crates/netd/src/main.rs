@@ -8,13 +8,7 @@ use std::os::fd::FromRawFd;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    airlock_netd::init_logging();
     match start() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -39,14 +39,21 @@ pub fn routes() -> Router<AppState> {
         .route("/templates/aliases/{alias}", get(alias))
 }
 
+/// The caller's template `id` (its id or alias), if it has one.
+fn find_owned(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<Option<UserTemplate>, ApiError> {
+    Ok(state
+        .store
+        .user_template_named(Some(&caller.0), id)?
+        .filter(|t| t.owner == caller.0))
+}
+
 /// The caller's template `id` (its id or alias), or 404.
 fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<UserTemplate, ApiError> {
-    let found = match state.store.user_template(id)? {
-        Some(t) => Some(t),
-        None => state.store.user_template_by_alias(&caller.0, id)?,
-    };
-    found
-        .filter(|t| t.owner == caller.0)
+    find_owned(state, caller, id)?
         .ok_or_else(|| ApiError::not_found(format!("template '{id}' not found")))
 }
 
@@ -356,16 +363,10 @@ async fn alias(
             public: true,
         }));
     }
-    let found = match state.store.user_template_by_alias(&caller.0, &alias)? {
-        Some(t) => Some(t),
-        None => state
-            .store
-            .public_templates_by_alias(&alias)?
-            .into_iter()
-            .next(),
-    };
-    let template =
-        found.ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
+    let template = state
+        .store
+        .user_template_named(Some(&caller.0), &alias)?
+        .ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
     Ok(Json(TemplateAlias {
         template_id: template.id.to_string(),
         public: template.public,
@@ -375,11 +376,9 @@ async fn alias(
 /// `DELETE /templates/{id}` for a user template (snapshots share the route; see `api`).
 /// Sandboxes running from it keep its files, which stay on disk.
 pub fn delete_owned(state: &AppState, caller: &Caller, id: &str) -> Result<bool, ApiError> {
-    match owned(state, caller, id) {
-        Ok(template) => {
-            state.store.delete_user_template(&template.id)?;
-            Ok(true)
-        }
-        Err(_) => Ok(false),
-    }
+    let Some(template) = find_owned(state, caller, id)? else {
+        return Ok(false);
+    };
+    state.store.delete_user_template(&template.id)?;
+    Ok(true)
 }

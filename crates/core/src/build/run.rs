@@ -30,15 +30,9 @@ struct Progress {
 impl Builder {
     pub(super) async fn run(&self, job: &BuildJob, log: &BuildLog) -> Result<(), Failure> {
         let started = Instant::now();
-        let host = |step: Option<String>| {
-            move |e: super::BuildError| Failure {
-                message: e.to_string(),
-                step,
-            }
-        };
         self.store
             .set_build_status(&job.build_id, BuildStatus::Building, None, super::now())
-            .map_err(|e| host(Some("base".into()))(e.into()))?;
+            .map_err(|e| failed_at("base")(e.into()))?;
         let base = &job.definition.base;
         log.write(
             LogLevel::Info,
@@ -103,8 +97,10 @@ impl Builder {
             progress.chain.push(self.layers.layer(&key));
             progress.key = key;
         }
-        let finalize = host(Some("finalize".into()));
-        let record = self.finish(job, progress).await.map_err(finalize)?;
+        let record = self
+            .finish(job, progress)
+            .await
+            .map_err(failed_at("finalize"))?;
         log.write(
             LogLevel::Info,
             Some("finalize".into()),
@@ -248,6 +244,14 @@ impl Builder {
         };
         self.store.put_template(&record)?;
         Ok(record)
+    }
+}
+
+/// Turns a host-side error into the build's failure at `step` (`base` or `finalize`).
+fn failed_at(step: &'static str) -> impl FnOnce(super::BuildError) -> Failure {
+    move |e| Failure {
+        message: e.to_string(),
+        step: Some(step.to_owned()),
     }
 }
 

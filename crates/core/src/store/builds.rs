@@ -380,26 +380,42 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// The built template that `name` means to `owner` (`None`: no key): its own (by alias or
-    /// id), a public one (by alias or id), or a built-in; never another key's private template.
-    /// With the user template it belongs to, if any.
+    /// The user template that `name` means to `owner` (`None`: no key): its own (by id or
+    /// alias), else a public one (by id or alias); never another key's private template.
+    pub fn user_template_named(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+    ) -> Result<Option<UserTemplate>, StoreError> {
+        let visible = |t: &UserTemplate| t.public || Some(t.owner.as_str()) == owner;
+        if let Some(t) = self.user_template(name)? {
+            return Ok(visible(&t).then_some(t));
+        }
+        if let Some(owner) = owner {
+            if let Some(t) = self.user_template_by_alias(owner, name)? {
+                return Ok(Some(t));
+            }
+        }
+        Ok(self.public_templates_by_alias(name)?.into_iter().next())
+    }
+
+    /// The built template that `name` means to `owner`: a user template as
+    /// [`Store::user_template_named`] finds it, or else a built-in. With the user template, if
+    /// it is one.
     pub fn visible_template(
         &self,
         owner: Option<&str>,
         name: &str,
     ) -> Result<Option<(TemplateRecord, Option<UserTemplate>)>, StoreError> {
-        let user_template = match self.user_template(name)? {
-            Some(t) if t.public || Some(t.owner.as_str()) == owner => Some(t),
-            Some(_) => return Ok(None),
-            None => match owner {
-                Some(owner) => self.user_template_by_alias(owner, name)?,
-                None => None,
-            }
-            .or(self.public_templates_by_alias(name)?.into_iter().next()),
-        };
-        let id = user_template.as_ref().map_or(name, |t| t.id.as_str());
-        let Ok(id) = TemplateName::parse(id) else {
-            return Ok(None);
+        let user_template = self.user_template_named(owner, name)?;
+        let id = match &user_template {
+            Some(t) => t.id.clone(),
+            // Another key's private template is not there, not even as a built-in's name.
+            None if self.user_template(name)?.is_some() => return Ok(None),
+            None => match TemplateName::parse(name) {
+                Ok(id) => id,
+                Err(_) => return Ok(None),
+            },
         };
         Ok(self.template(&id)?.map(|record| (record, user_template)))
     }

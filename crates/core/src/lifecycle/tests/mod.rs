@@ -118,36 +118,33 @@ impl Driver for RecordingDriver {
     async fn shutdown(&self) {}
 }
 
-struct ReadyAgent;
+/// An agent that answers at once, except (with `first_copy_dead`) in the first sandbox it is
+/// asked about, which never answers.
+struct TestAgent {
+    first_copy_dead: std::sync::atomic::AtomicBool,
+}
 
-#[async_trait::async_trait]
-impl AgentClient for ReadyAgent {
-    async fn wait_ready(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
-        Ok(())
+impl TestAgent {
+    fn ready() -> Arc<Self> {
+        Arc::new(TestAgent {
+            first_copy_dead: false.into(),
+        })
     }
-    async fn init(&self, _: Ipv4Addr, _: Option<&str>, _: &InitRequest) -> Result<(), String> {
-        Ok(())
-    }
-    async fn warm_up(&self, _: Ipv4Addr) -> Result<(), String> {
-        Ok(())
-    }
-    async fn run(
-        &self,
-        _: Ipv4Addr,
-        _: &AgentCommand,
-        _: &mut (dyn FnMut(OutputLine) + Send),
-    ) -> Result<i32, String> {
-        Ok(0)
+
+    fn first_copy_dead() -> Arc<Self> {
+        Arc::new(TestAgent {
+            first_copy_dead: true.into(),
+        })
     }
 }
 
-/// An agent that never answers in the first sandbox it is asked about.
-struct FirstCopyDead(std::sync::atomic::AtomicBool);
-
 #[async_trait::async_trait]
-impl AgentClient for FirstCopyDead {
+impl AgentClient for TestAgent {
     async fn wait_ready(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
-        match self.0.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        match self
+            .first_copy_dead
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
             true => Err("no answer in time".into()),
             false => Ok(()),
         }
@@ -172,7 +169,7 @@ fn setup(
     driver: Arc<RecordingDriver>,
     limits: Limits,
 ) -> (tempfile::TempDir, Arc<Store>, Arc<Lifecycle>) {
-    setup_with_agent(driver, limits, Arc::new(ReadyAgent))
+    setup_with_agent(driver, limits, TestAgent::ready())
 }
 
 fn setup_with_agent(
@@ -202,7 +199,7 @@ async fn a_golden_image_whose_copy_never_answers_is_dropped_and_the_create_boots
     let driver = Arc::new(RecordingDriver::default());
     let golden = "golden-base-h-test";
     driver.images.lock().unwrap().insert(golden.into());
-    let agent = Arc::new(FirstCopyDead(std::sync::atomic::AtomicBool::new(true)));
+    let agent = TestAgent::first_copy_dead();
     let (_dir, _store, lc) = setup_with_agent(driver.clone(), Limits::default(), agent);
     let sbx = lc.create(params()).await.unwrap();
     assert!(
@@ -226,7 +223,7 @@ fn restarted(store: &Arc<Store>, driver: &Arc<RecordingDriver>) -> Arc<Lifecycle
     Lifecycle::new(
         store.clone(),
         driver.clone(),
-        Arc::new(ReadyAgent),
+        TestAgent::ready(),
         Limits::default(),
     )
 }
