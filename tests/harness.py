@@ -35,7 +35,10 @@ class Server:
         self.listen_host = "127.0.0.1"
 
     def start(self):
-        env = dict(os.environ, AIRLOCK_API_KEY=API_KEY, AIRLOCK_LOG="info")
+        # A short ready timeout, so that a test of a start command that never becomes ready
+        # waits for it in seconds, not the default five minutes.
+        env = dict(os.environ, AIRLOCK_API_KEY=API_KEY, AIRLOCK_LOG="info",
+                   AIRLOCK_READY_TIMEOUT="30")
         self.proc = subprocess.Popen(
             [str(AIRLOCK), "--data-dir", str(self.data_dir), "serve", "--listen", f"{self.listen_host}:{self.port}", *self.extra_args],
             stdout=open(self.log, "ab"),

@@ -2,10 +2,11 @@
 RUN runs in a gVisor build sandbox, its layer is cached, and the template then starts sandboxes
 like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
 
+import http.client
 import uuid
 
 import pytest
-from e2b import BuildException, Sandbox, Template
+from e2b import BuildException, Sandbox, Template, wait_for_file, wait_for_port
 
 
 def fresh_name():
@@ -151,8 +152,6 @@ def test_templates_belong_to_their_key(names, other_key):
 @pytest.mark.parametrize("definition, expected", [
     (Template().from_template("no-such-template").run_cmd("true"), "not found"),
     (Template().from_image("python:3.12-slim").run_cmd("true"), "not supported yet"),
-    (Template().from_template("base").run_cmd("true").set_start_cmd("sleep 1000", "true"),
-     "not supported yet"),
 ])
 def test_what_cannot_be_built_is_refused_with_a_clear_message(names, definition, expected):
     with pytest.raises(BuildException) as err:
@@ -164,3 +163,64 @@ def test_a_built_in_name_is_taken(server):
     with pytest.raises(Exception) as err:
         Template.build(Template().from_template("base").run_cmd("true"), "base")
     assert "built-in" in str(err.value), err.value
+
+
+def user_port(server, sbx, port, path="/"):
+    """A GET to the sandbox's `port` through the server's proxy, as a browser would go."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", path, headers={"Host": f"{port}-{sbx.sandbox_id}.airlock.test"})
+    resp = conn.getresponse()
+    return resp.status, resp.read().decode(errors="replace")
+
+
+def test_a_start_command_already_answers_on_the_first_request(server, names):
+    name = names()
+    logs = []
+    served = (Template().from_template("base")
+              .run_cmd("mkdir -p /srv/www && echo served-from-start > /srv/www/index.html",
+                       user="root")
+              .set_workdir("/srv/www")
+              .set_start_cmd("python3 -m http.server 8080", wait_for_port(8080)))
+    Template.build(served, name, on_build_logs=logs.append)
+    assert any("START python3 -m http.server 8080" in m for m in messages(logs)), messages(logs)
+    for _ in range(2):  # a pooled copy, then (the pool being refilled) possibly a restore
+        sbx = Sandbox.create(name)
+        try:
+            # No wait and no retry: the server runs as the sandbox is handed over.
+            assert user_port(server, sbx, 8080, "/index.html") == (200, "served-from-start\n")
+            procs = sbx.commands.run("ps -o user=,args= -C python3").stdout
+            assert "user" in procs and "http.server 8080" in procs, procs
+        finally:
+            sbx.kill()
+
+
+def test_a_ready_command_alone_waits_for_what_it_names(names):
+    name = names()
+    ready_file = (Template().from_template("base")
+                  .set_start_cmd("sleep 2 && echo up > /tmp/up && sleep infinity",
+                                 wait_for_file("/tmp/up")))
+    Template.build(ready_file, name)
+    sbx = Sandbox.create(name)
+    try:
+        assert sbx.commands.run("cat /tmp/up").stdout.strip() == "up"
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.parametrize("start, expected, output", [
+    # Exits before it is ever ready: its code and output are the message.
+    ("echo cannot bind >&2; exit 7", "exited with code 7", "cannot bind"),
+    # Runs, but what it waits for never comes (the server's test timeout is short).
+    ("echo listening elsewhere; sleep infinity", "did not become ready", "listening elsewhere"),
+])
+def test_a_start_command_that_never_becomes_ready_fails_the_build(names, start, expected, output):
+    name = names()
+    with pytest.raises(BuildException) as err:
+        Template.build(Template().from_template("base").run_cmd("true")
+                       .set_start_cmd(start, "false"), name)
+    text = str(err.value)
+    assert expected in text and output in text, text
+    # Nothing of it is left to start sandboxes from.
+    with pytest.raises(Exception) as err:
+        Sandbox.create(name)
+    assert "not found" in str(err.value).lower(), err.value

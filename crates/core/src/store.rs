@@ -119,7 +119,8 @@ pub struct TemplateRecord {
     pub defaults: TemplateDefaults,
 }
 
-/// What a template's sandboxes start with: its last `USER`, `WORKDIR` and `ENV`.
+/// What a template's sandboxes start with: its last `USER`, `WORKDIR` and `ENV`, and the
+/// command that runs when one boots (already running in its golden image).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TemplateDefaults {
     pub user: String,
@@ -128,6 +129,12 @@ pub struct TemplateDefaults {
     pub workdir: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Started in the background as the template boots (E2B's `startCmd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// Run until it exits 0 before the sandbox counts as started (E2B's `readyCmd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
 }
 
 impl Default for TemplateDefaults {
@@ -137,6 +144,8 @@ impl Default for TemplateDefaults {
             user: "user".into(),
             workdir: None,
             env: BTreeMap::new(),
+            start_cmd: None,
+            ready_cmd: None,
         }
     }
 }
@@ -908,6 +917,8 @@ mod tests {
                 user: "root".into(),
                 workdir: Some("/app".into()),
                 env: [("A".to_owned(), "1".to_owned())].into(),
+                start_cmd: Some("python -m http.server".into()),
+                ready_cmd: None,
             },
         };
         store.put_template(&t).unwrap();

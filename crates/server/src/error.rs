@@ -53,6 +53,11 @@ impl From<LifecycleError> for ApiError {
                 tracing::warn!(error = %err, "checkpoint refused");
                 return ApiError::new(StatusCode::INSUFFICIENT_STORAGE, err.to_string());
             }
+            // The template's own command and its output, from inside the sandbox.
+            LifecycleError::StartCommand(_) => {
+                tracing::warn!(error = %err, "a template's start command failed");
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+            }
             LifecycleError::Driver(_) | LifecycleError::Agent(_) | LifecycleError::Store(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

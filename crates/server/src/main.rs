@@ -92,6 +92,10 @@ enum Command {
         /// Most disk, in MiB, one sandbox may ask for (`diskSizeMB`; default 5120).
         #[arg(long, default_value_t = 20480)]
         max_disk_mb: u32,
+        /// Seconds a template's ready command (`set_start_cmd(..., wait_for_port(8080))`) may
+        /// take to succeed after its sandbox boots, before the build fails.
+        #[arg(long, default_value_t = 300, env = "AIRLOCK_READY_TIMEOUT")]
+        ready_timeout: u64,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
@@ -161,6 +165,7 @@ async fn run(cli: Cli) -> ExitCode {
             max_cpu_count,
             max_memory_mb,
             max_disk_mb,
+            ready_timeout,
             insecure_open_network,
         } => serve::serve(serve::ServeOptions {
             listen,
@@ -177,6 +182,7 @@ async fn run(cli: Cli) -> ExitCode {
                 },
                 default_timeout: Duration::from_secs(default_timeout),
                 pool_size,
+                ready_timeout: Duration::from_secs(ready_timeout),
                 max_resources: Resources {
                     cpu_count: max_cpu_count,
                     memory_mb: max_memory_mb,

@@ -131,10 +131,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     );
     let http = proxy::http_client();
     let agent = Arc::new(HttpAgentClient { http: http.clone() });
+    let lifecycle = Lifecycle::new(store.clone(), driver.clone(), agent.clone(), opts.limits);
     let builder = Builder::new(
         store.clone(),
-        driver.clone(),
-        agent.clone(),
+        driver,
+        agent,
+        lifecycle.clone(),
         data.templates(),
         BUILDS_AT_ONCE,
     );
@@ -143,7 +145,6 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .recover()
         .await
         .context("recovering template builds")?;
-    let lifecycle = Lifecycle::new(store.clone(), driver, agent, opts.limits);
     let report = lifecycle.recover().await.context("recovering sandboxes")?;
     if !report.adopted.is_empty() || !report.removed.is_empty() || !report.paused.is_empty() {
         tracing::info!(

@@ -215,11 +215,15 @@ fn definition(
             "registry credentials are not supported yet: build from a template",
         ));
     }
-    if body.start_cmd.is_some() || body.ready_cmd.is_some() {
-        return Err(ApiError::bad_request(
-            "start and ready commands are not supported yet: leave set_start_cmd and \
-             set_ready_cmd out",
-        ));
+    for (what, command) in [("startCmd", &body.start_cmd), ("readyCmd", &body.ready_cmd)] {
+        if command
+            .as_ref()
+            .is_some_and(|c| c.trim().is_empty() || c.contains('\0'))
+        {
+            return Err(ApiError::bad_request(format!(
+                "{what} must be a non-empty shell command"
+            )));
+        }
     }
     let base_name = match (&body.from_template, &body.from_image) {
         (Some(t), _) => t.clone(),
@@ -255,6 +259,8 @@ fn definition(
         base,
         steps,
         force: body.force,
+        start_cmd: body.start_cmd,
+        ready_cmd: body.ready_cmd,
     })
 }
 

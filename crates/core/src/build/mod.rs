@@ -13,7 +13,7 @@ mod run;
 
 use crate::driver::{Driver, DriverError, Resources};
 use crate::ids::TemplateName;
-use crate::lifecycle::AgentClient;
+use crate::lifecycle::{AgentClient, Lifecycle};
 use crate::store::{BuildStatus, LogEntry, LogLevel, Store, StoreError, TemplateRecord};
 use layers::Layers;
 use std::sync::Arc;
@@ -33,6 +33,10 @@ pub struct BuildDefinition {
     pub steps: Vec<Step>,
     /// Run every step, cached or not (E2B's top-level `force`, `skip_cache`).
     pub force: bool,
+    /// Started as the finished template boots, and waited for with `ready_cmd` before its
+    /// golden image is taken.
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +72,9 @@ pub enum BuildError {
     Driver(#[from] DriverError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Booting the finished template (its start command) failed.
+    #[error("{0}")]
+    Publish(String),
 }
 
 impl BuildError {
@@ -81,6 +88,8 @@ pub struct Builder {
     store: Arc<Store>,
     driver: Arc<dyn Driver>,
     agent: Arc<dyn AgentClient>,
+    /// Publishes finished templates (and makes their golden images).
+    lifecycle: Arc<Lifecycle>,
     layers: Layers,
     turns: Semaphore,
 }
@@ -98,6 +107,7 @@ impl Builder {
         store: Arc<Store>,
         driver: Arc<dyn Driver>,
         agent: Arc<dyn AgentClient>,
+        lifecycle: Arc<Lifecycle>,
         templates_dir: &std::path::Path,
         at_once: usize,
     ) -> Arc<Self> {
@@ -105,6 +115,7 @@ impl Builder {
             store,
             driver,
             agent,
+            lifecycle,
             layers: Layers::new(templates_dir),
             turns: Semaphore::new(at_once.max(1)),
         })

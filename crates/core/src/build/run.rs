@@ -42,7 +42,12 @@ impl Builder {
         let mut progress = Progress {
             chain: chain_of(base),
             key: hash(&["base", &base.content_hash]),
-            context: base.defaults.clone(),
+            // The base's start command is its own: a template names its own.
+            context: TemplateDefaults {
+                start_cmd: None,
+                ready_cmd: None,
+                ..base.defaults.clone()
+            },
             rebuilding: job.definition.force,
         };
         let total = job.definition.steps.len();
@@ -96,6 +101,20 @@ impl Builder {
             }
             progress.chain.push(self.layers.layer(&key));
             progress.key = key;
+        }
+        if let Some(start) = &job.definition.start_cmd {
+            log.write(
+                LogLevel::Info,
+                Some("finalize".into()),
+                &format!("START {start}"),
+            );
+        }
+        if let Some(ready) = &job.definition.ready_cmd {
+            log.write(
+                LogLevel::Info,
+                Some("finalize".into()),
+                &format!("waiting for READY {ready}"),
+            );
         }
         let record = self
             .finish(job, progress)
@@ -229,9 +248,19 @@ impl Builder {
         for layer in own_layers {
             size += crate::disk_usage::bytes_on_disk(layer).unwrap_or(0);
         }
+        let defaults = TemplateDefaults {
+            start_cmd: job.definition.start_cmd.clone(),
+            ready_cmd: job.definition.ready_cmd.clone(),
+            ..progress.context
+        };
+        // What its sandboxes start with is part of what a golden image holds.
+        let content_hash = hash(&[
+            &progress.key,
+            &serde_json::to_string(&defaults).unwrap_or_default(),
+        ]);
         let record = TemplateRecord {
             name: job.template_id.clone(),
-            content_hash: progress.key,
+            content_hash,
             rootfs,
             built_at: super::now(),
             size_bytes: size,
@@ -240,9 +269,12 @@ impl Builder {
             } else {
                 progress.chain
             },
-            defaults: progress.context,
+            defaults,
         };
-        self.store.put_template(&record)?;
+        self.lifecycle
+            .publish_template(&record)
+            .await
+            .map_err(|e| super::BuildError::Publish(e.to_string()))?;
         Ok(record)
     }
 }

@@ -27,6 +27,8 @@ pub(super) struct Started {
     pub token: Option<String>,
     /// The policy it was started with.
     pub egress: Egress,
+    /// The image it was restored from (`None`: booted).
+    pub image: Option<String>,
 }
 
 /// What a create starts from.
@@ -141,8 +143,16 @@ impl Lifecycle {
                 started => return started,
             }
         }
-        self.start(sandbox.id(), &template.rootfs, None, launch)
-            .await
+        let started = self
+            .start(sandbox.id(), &template.rootfs, None, launch)
+            .await?;
+        // Booted: the start command is not running yet, as it would be in a golden image.
+        let addr = started.placement.agent;
+        if let Err(e) = self.run_start_command(addr, &template.defaults).await {
+            self.release(started.id, started.placement.slot).await;
+            return Err(e);
+        }
+        Ok(started)
     }
 
     /// The create's resources, each defaulted and checked against the server's maximum.
@@ -206,6 +216,7 @@ impl Lifecycle {
             rootfs: spec.rootfs,
             token: None,
             egress: spec.egress,
+            image: image.map(str::to_owned),
         })
     }
 

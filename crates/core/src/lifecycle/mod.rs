@@ -29,6 +29,7 @@ mod pools;
 mod recovery;
 mod registry;
 mod sandbox;
+mod start_cmd;
 #[cfg(test)]
 mod tests;
 
@@ -115,6 +116,8 @@ pub struct Limits {
     pub pool_size: usize,
     /// Pools are not refilled while the host has less memory available than this.
     pub pool_min_available_mb: u64,
+    /// How long a template's ready command may take to succeed once its sandbox boots.
+    pub ready_timeout: Duration,
 }
 
 /// What one API key may hold at once.
@@ -149,6 +152,7 @@ impl Default for Limits {
             agent_start_timeout: Duration::from_secs(20),
             pool_size: 2,
             pool_min_available_mb: 2048,
+            ready_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -182,6 +186,9 @@ pub enum LifecycleError {
     Driver(#[source] DriverError),
     #[error("the sandbox's agent did not start: {0}")]
     Agent(String),
+    /// The template's start command failed or never became ready (with its output).
+    #[error("{0}")]
+    StartCommand(String),
     #[error("state store failed")]
     Store(#[from] StoreError),
 }

@@ -16,9 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Ready sandboxes of each template.
+/// Ready sandboxes of each template, and the turn to make golden images.
 #[derive(Default)]
-pub(super) struct Pools(Mutex<HashMap<TemplateName, Pool>>);
+pub(super) struct Pools {
+    ready: Mutex<HashMap<TemplateName, Pool>>,
+    /// Held while a golden image is made, a built template published or stale images
+    /// deleted: so no image is made twice, nor deleted as stale while its template is being
+    /// published.
+    golden_turn: tokio::sync::Mutex<()>,
+}
 
 #[derive(Default)]
 struct Pool {
@@ -29,7 +35,7 @@ struct Pool {
 
 impl Pools {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TemplateName, Pool>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.ready.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every pooled sandbox, taken out of the pools.
@@ -61,7 +67,7 @@ impl Lifecycle {
     pub(super) fn take_pooled(&self, template: &TemplateRecord) -> Option<Started> {
         let pooled = self.pools.lock().get_mut(&template.name)?.ready.pop()?;
         self.refill.notify_one();
-        if pooled.rootfs != template.rootfs {
+        if pooled.image.as_deref() != Some(self.golden_image(template).as_str()) {
             // Restored before the template was rebuilt.
             self.destroying
                 .spawn(self.release(pooled.id, pooled.placement.slot));
@@ -77,7 +83,7 @@ impl Lifecycle {
             .templates()
             .unwrap_or_default()
             .into_iter()
-            .find(|t| t.rootfs == pooled.rootfs)
+            .find(|t| pooled.image.as_deref() == Some(self.golden_image(t).as_str()))
             .map(|t| t.name)
         else {
             self.destroying
@@ -106,8 +112,12 @@ impl Lifecycle {
                 }
                 let golden = self.golden_image(template);
                 if !self.driver.has_image(&golden) {
-                    match self.make_golden(template, &golden).await {
-                        Ok(()) => self.delete_stale_goldens(&templates).await,
+                    let _turn = self.pools.golden_turn.lock().await;
+                    if self.driver.has_image(&golden) {
+                        continue;
+                    }
+                    match self.make_golden(template, Some(&golden)).await {
+                        Ok(()) => self.delete_stale_goldens().await,
                         Err(e) => {
                             tracing::warn!(template = %template.name, error = %e, "making the golden image failed")
                         }
@@ -129,7 +139,11 @@ impl Lifecycle {
 
     /// Deletes golden images of templates as they were built before, or taken with another
     /// agent or runtime: nothing restores from them any more, and each can be hundreds of MiB.
-    async fn delete_stale_goldens(&self, templates: &[TemplateRecord]) {
+    /// The caller holds the golden turn.
+    async fn delete_stale_goldens(&self) {
+        let Ok(templates) = self.store.templates() else {
+            return;
+        };
         let current: HashSet<String> = templates.iter().map(|t| self.golden_image(t)).collect();
         for image in self.driver.images().unwrap_or_default() {
             if image.starts_with(GOLDEN_PREFIX) && !current.contains(&image) {
@@ -141,11 +155,26 @@ impl Lifecycle {
         }
     }
 
-    /// Boots a sandbox from the template, warms it up and checkpoints it as its golden image.
+    /// Records a newly built template once a sandbox of it has booted and its start command
+    /// is ready, and with pools on, once that sandbox is its golden image: no create sees a
+    /// template whose start command was never seen to work.
+    pub async fn publish_template(&self, template: &TemplateRecord) -> Result<(), LifecycleError> {
+        let _turn = self.pools.golden_turn.lock().await;
+        let golden = (self.limits.pool_size > 0).then(|| self.golden_image(template));
+        self.make_golden(template, golden.as_deref()).await?;
+        self.store.put_template(template)?;
+        self.delete_stale_goldens().await;
+        self.refill.notify_one();
+        Ok(())
+    }
+
+    /// Boots a sandbox from the template, runs its start command, warms it up and
+    /// checkpoints it as its golden image `image` (with no image, only shows that it boots).
+    /// The caller holds the golden turn.
     async fn make_golden(
         &self,
         template: &TemplateRecord,
-        image: &str,
+        image: Option<&str>,
     ) -> Result<(), LifecycleError> {
         let started_at = std::time::Instant::now();
         let id = SandboxId::generate();
@@ -153,8 +182,10 @@ impl Lifecycle {
             .start(&id, &template.rootfs, None, self.default_launch())
             .await?;
         let addr = started.placement.agent;
+        let defaults = &template.defaults;
         let init = InitRequest {
-            default_user: Some("user".into()),
+            default_user: Some(defaults.user.clone()),
+            default_workdir: defaults.workdir.clone(),
             ..Default::default()
         };
         let result = async {
@@ -162,6 +193,10 @@ impl Lifecycle {
                 .init(addr, None, &init)
                 .await
                 .map_err(LifecycleError::Agent)?;
+            self.run_start_command(addr, defaults).await?;
+            let Some(image) = image else {
+                return Ok(());
+            };
             self.agent
                 .warm_up(addr)
                 .await
@@ -202,7 +237,8 @@ impl Lifecycle {
                 Ok(started) => {
                     // The hostname now: the restored copy becomes itself before anyone asks.
                     let init = InitRequest {
-                        default_user: Some("user".into()),
+                        default_user: Some(template.defaults.user.clone()),
+                        default_workdir: template.defaults.workdir.clone(),
                         hostname: Some(started.id.to_string()),
                         ..Default::default()
                     };
