@@ -3,6 +3,7 @@ RUN runs in a gVisor build sandbox, its layer is cached, and the template then s
 like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
 
 import http.client
+import time
 import uuid
 
 import pytest
@@ -224,3 +225,92 @@ def test_a_start_command_that_never_becomes_ready_fails_the_build(names, start, 
     with pytest.raises(Exception) as err:
         Sandbox.create(name)
     assert "not found" in str(err.value).lower(), err.value
+
+
+def test_copy_puts_files_in_place_with_owner_mode_and_symlinks(tmp_path, names):
+    ctx = tmp_path / "ctx"
+    (ctx / "app" / "lib").mkdir(parents=True)
+    (ctx / "app" / "main.py").write_text("print('hi from app')\n")
+    (ctx / "app" / "lib" / "util.py").write_text("X = 1\n")
+    (ctx / "app" / ".hidden").write_text("dot\n")
+    (ctx / "app" / "link").symlink_to("main.py")
+    (ctx / "notes.txt").write_text("plain tar\n")
+    (ctx / "run.sh").write_text("#!/bin/sh\necho run\n")
+    name = names()
+    t = (Template(file_context_path=str(ctx)).from_template("base")
+         .copy("app/", "/app/")                                   # a directory's contents
+         .copy("notes.txt", "/opt/notes/", gzip=False)            # a file into a directory
+         .copy("run.sh", "bin/run", user="root", mode=0o750)      # relative to the workdir
+         .set_user("user")
+         .run_cmd("python3 -m compileall -q /app && ls /app/__pycache__"))
+    logs = []
+    Template.build(t, name, on_build_logs=logs.append)
+    assert any("COPY app/ /app/" in m for m in messages(logs)), messages(logs)
+    sbx = Sandbox.create(name)
+    try:
+        out = sbx.commands.run(
+            "python3 /app/main.py; cat /app/.hidden /opt/notes/notes.txt; readlink /app/link; "
+            "stat -c '%U:%G %a %n' /app /app/lib/util.py /home/user/bin/run; "
+            "/home/user/bin/run || echo not-run", user="root").stdout
+        assert out.splitlines() == [
+            "hi from app", "dot", "plain tar", "main.py",
+            "user:user 755 /app", "user:user 644 /app/lib/util.py",
+            "root:root 750 /home/user/bin/run", "run"], out
+        # Nothing of the upload is left in the template.
+        assert sbx.commands.run("ls -a / | grep -c airlock || true").stdout.strip() == "0"
+    finally:
+        sbx.kill()
+
+    # The same files again: the upload is skipped and the step comes from the cache.
+    again = []
+    Template.build(t, name, on_build_logs=again.append)
+    assert any("already cached" in m for m in messages(again)), messages(again)
+    assert sum("CACHED" in m for m in messages(again)) >= 3, messages(again)
+    # Changed files: a new hash, uploaded and copied again.
+    (ctx / "app" / "main.py").write_text("print('changed')\n")
+    Template.build(t, name)
+    sbx = Sandbox.create(name)
+    try:
+        assert sbx.commands.run("python3 /app/main.py").stdout.strip() == "changed"
+    finally:
+        sbx.kill()
+
+
+def test_an_upload_link_works_once_and_only_for_its_template(server, names):
+    name = names()
+    status, created = server.api("POST", "/v3/templates", {"name": name})
+    assert status == 202, created
+    tid, digest = created["templateID"], "ab" * 32
+    status, link = server.api("GET", f"/templates/{tid}/files/{digest}")
+    assert status == 201 and link["present"] is False, link
+    url = link["url"].replace(server.url, "")
+    assert url.startswith("/uploads/"), link
+    status, body = server.api("PUT", url, raw=b"not really a tar", key=None)
+    assert status == 200 and body == {"size": 16}, body
+    status, body = server.api("PUT", url, raw=b"again", key=None)
+    assert status == 403 and body["code"] == 403 and "used" in body["message"], body
+    status, link = server.api("GET", f"/templates/{tid}/files/{digest}")
+    assert status == 201 and link["present"] is True, link
+    status, body = server.api("GET", f"/templates/{tid}/files/not-a-hash")
+    assert status == 400 and "hash" in body["message"], body
+    status, body = server.api("PUT", "/uploads/made-up", raw=b"x", key=None)
+    assert status == 403, body
+
+
+def test_a_copy_whose_files_were_not_uploaded_fails_at_its_step(server, names):
+    name = names()
+    status, created = server.api("POST", "/v3/templates", {"name": name})
+    assert status == 202, created
+    tid, bid = created["templateID"], created["buildID"]
+    steps = [{"type": "COPY", "args": ["app", "/app/", "", ""], "filesHash": "cd" * 32,
+              "force": False}]
+    status, body = server.api("POST", f"/v2/templates/{tid}/builds/{bid}",
+                              {"fromTemplate": "base", "steps": steps, "force": False})
+    assert status == 202, body
+    for _ in range(600):
+        status, info = server.api("GET", f"/templates/{tid}/builds/{bid}/status")
+        if info["status"] == "error":
+            break
+        time.sleep(0.1)
+    assert info["reason"]["step"] == "1", info
+    assert "never uploaded" in info["reason"]["message"], info

@@ -35,6 +35,28 @@ impl From<airlock_core::store::StoreError> for ApiError {
     }
 }
 
+impl From<airlock_core::build::uploads::UploadError> for ApiError {
+    fn from(err: airlock_core::build::uploads::UploadError) -> Self {
+        use airlock_core::build::uploads::UploadError;
+        let status = match &err {
+            UploadError::BadTicket => StatusCode::FORBIDDEN,
+            UploadError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            UploadError::Receive(_) => StatusCode::BAD_REQUEST,
+            UploadError::Store(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                StatusCode::INSUFFICIENT_STORAGE
+            }
+            UploadError::Store(_) => {
+                tracing::error!(error = %err, "storing an upload failed");
+                return ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "storing the upload failed; see the server log",
+                );
+            }
+        };
+        ApiError::new(status, err.to_string())
+    }
+}
+
 impl From<LifecycleError> for ApiError {
     fn from(err: LifecycleError) -> Self {
         let status = match &err {

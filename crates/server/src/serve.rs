@@ -9,7 +9,7 @@ use airlock_core::lifecycle::{Lifecycle, Limits};
 use airlock_core::store::{KeyLimits, Store};
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, put};
 use axum::Router;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -168,6 +168,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/health", get(|| async { (StatusCode::OK, "ok") }))
         .merge(api::routes(state.clone()))
+        // Outside the API key: the link is its own authority (see `templates_api::upload`).
+        .route("/uploads/{token}", put(crate::templates_api::upload))
         .fallback(|| async { crate::error::ApiError::not_found("no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(
             crate::error::MAX_API_BODY,

@@ -8,6 +8,8 @@
 use crate::api::Caller;
 use crate::error::{ApiError, JsonBody};
 use crate::AppState;
+use airlock_core::build::copy::CopyStep;
+use airlock_core::build::uploads::{valid_hash, UploadError, MAX_UPLOAD_BYTES};
 use airlock_core::build::{BuildDefinition, BuildJob, Step, StepKind};
 use airlock_core::driver::Resources;
 use airlock_core::ids::{SandboxId, TemplateName};
@@ -15,13 +17,15 @@ use airlock_core::store::{BuildRecord, BuildStatus, UserTemplate};
 use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
     BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateAlias,
-    TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart, TemplateStep,
+    TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart, TemplateFileUpload,
+    TemplateStep,
 };
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 
 /// Most log entries one status call returns.
 const MAX_LOG_PAGE: u64 = 1000;
@@ -291,12 +295,12 @@ fn step(s: &TemplateStep) -> Result<Step, String> {
         ("WORKDIR", [dir]) if dir.starts_with('/') => StepKind::Workdir(dir.clone()),
         ("WORKDIR", [dir]) => return Err(format!("WORKDIR must be absolute, not '{dir}'")),
         ("USER", [user]) => StepKind::User(non_empty("user", user)?),
-        ("COPY", _) => {
-            return Err(
-                "COPY is not supported yet: put files in with a RUN step (git clone, \
-                 curl) or write them into the sandbox after it starts"
-                    .into(),
-            )
+        ("COPY", args) => {
+            let hash = s.files_hash.as_deref().unwrap_or_default();
+            if !valid_hash(hash) {
+                return Err("COPY needs the filesHash its files were uploaded under".into());
+            }
+            StepKind::Copy(CopyStep::new(args, hash)?)
         }
         ("RUN" | "ENV" | "WORKDIR" | "USER", _) => {
             return Err(format!("{} got the wrong number of arguments", s.kind))
@@ -343,17 +347,69 @@ async fn build_status(
     }))
 }
 
-/// COPY's upload link. Refused until COPY is supported, so that the SDK stops before uploading.
+/// COPY's upload link: whether the server has the files of `hash` for this template, and if
+/// not, a one-time URL on this server to PUT them to (the SDK sends no API key with it).
 async fn file_upload_link(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, _hash)): Path<(String, String)>,
+    Path((id, hash)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    owned(&state, &caller, &id)?;
-    Err(ApiError::bad_request(
-        "COPY is not supported yet: put files in with a RUN step (git clone, curl) or write \
-         them into the sandbox after it starts",
-    ))
+    let template = owned(&state, &caller, &id)?;
+    if !valid_hash(&hash) {
+        return Err(ApiError::bad_request(format!(
+            "'{hash}' is not a files hash (64 hex digits)"
+        )));
+    }
+    let uploads = &state.builder.uploads;
+    let present = uploads.has(&template.id, &hash);
+    // The SDK uploads again when a step says `force_upload`, so a link comes either way.
+    let token = uploads.ticket(&template.id, &hash);
+    let url = format!("{}/uploads/{token}", base_url(&headers));
+    let link = TemplateFileUpload {
+        present,
+        url: Some(url),
+        headers: None,
+    };
+    Ok((StatusCode::CREATED, Json(link)).into_response())
+}
+
+/// The URL this server is reached at, as the client named it.
+fn base_url(headers: &HeaderMap) -> String {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let host = header("x-forwarded-host")
+        .or_else(|| header("host"))
+        .unwrap_or("localhost");
+    let scheme = match header("x-forwarded-proto") {
+        Some("https") => "https",
+        _ => "http",
+    };
+    format!("{scheme}://{host}")
+}
+
+/// `PUT /uploads/{token}`: a COPY's archive, to the link [`file_upload_link`] handed out. The
+/// token is the authority; it works once.
+pub async fn upload(
+    State(state): State<AppState>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_UPLOAD_BYTES) {
+        return Err(UploadError::TooLarge.into());
+    }
+    let stream = body
+        .into_data_stream()
+        .map(|chunk| chunk.map_err(std::io::Error::other));
+    let size = state
+        .builder
+        .uploads
+        .receive(&token, tokio_util::io::StreamReader::new(stream))
+        .await?;
+    Ok((StatusCode::OK, Json(serde_json::json!({ "size": size }))).into_response())
 }
 
 /// `Template.exists`: 200 for a name the caller can build from, 404 otherwise (another key's

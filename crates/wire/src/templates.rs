@@ -118,3 +118,15 @@ pub struct TemplateAlias {
     pub template_id: String,
     pub public: bool,
 }
+
+/// `GET /templates/{id}/files/{hash}` (status 201): whether the server has a `COPY`'s files,
+/// and where to `PUT` them.
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateFileUpload {
+    pub present: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Sent with the upload as given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
+}

@@ -7,6 +7,7 @@
 //! `{root}/{key}` by one rename once the step has succeeded: a layer is either whole or absent.
 //! Templates built on the same layers share them on disk.
 
+use super::copy::{ARCHIVE, INBOX};
 use super::BuildError;
 use std::path::{Path, PathBuf};
 use tokio::process::Command;
@@ -46,11 +47,14 @@ impl Layers {
             .join(format!("{template}-{}", &key[..16.min(key.len())]))
     }
 
-    /// Mounts a writable overlay of `chain` (bottom first) for build `build`'s next step.
+    /// Mounts a writable overlay of `chain` (bottom first) for build `build`'s next step. An
+    /// `archive` (a `COPY`'s upload) is put into the fresh upper directory first, so that the
+    /// step finds it at `/{INBOX}/{ARCHIVE}`: the host only copies it, never unpacks it.
     pub async fn mount_step(
         &self,
         chain: &[PathBuf],
         build: &str,
+        archive: Option<&Path>,
     ) -> Result<StepMount, BuildError> {
         let dir = self.root.join(format!(".work-{build}"));
         self.discard_dir(&dir).await?;
@@ -59,6 +63,15 @@ impl Layers {
             tokio::fs::create_dir_all(d)
                 .await
                 .map_err(BuildError::io(format!("creating {}", d.display())))?;
+        }
+        if let Some(archive) = archive {
+            let inbox = upper.join(INBOX);
+            tokio::fs::create_dir(&inbox)
+                .await
+                .map_err(BuildError::io(format!("creating {}", inbox.display())))?;
+            tokio::fs::copy(archive, inbox.join(ARCHIVE))
+                .await
+                .map_err(BuildError::io("placing a COPY's files".into()))?;
         }
         let options = format!(
             "lowerdir={},upperdir={},workdir={}",

@@ -8,8 +8,10 @@
 //! Builds take turns ([`Builder::new`]'s `at_once`), so that they never take the cores the
 //! running sandboxes need.
 
+pub mod copy;
 pub mod layers;
 mod run;
+pub mod uploads;
 
 use crate::driver::{Driver, DriverError, Resources};
 use crate::ids::TemplateName;
@@ -53,6 +55,8 @@ pub enum StepKind {
         command: String,
         user: Option<String>,
     },
+    /// Files the SDK uploaded, put in place inside the build sandbox.
+    Copy(copy::CopyStep),
     Env(Vec<(String, String)>),
     Workdir(String),
     User(String),
@@ -91,6 +95,8 @@ pub struct Builder {
     /// Publishes finished templates (and makes their golden images).
     lifecycle: Arc<Lifecycle>,
     layers: Layers,
+    /// `COPY` steps' archives, and the links they are uploaded to.
+    pub uploads: uploads::Uploads,
     turns: Semaphore,
 }
 
@@ -117,6 +123,7 @@ impl Builder {
             agent,
             lifecycle,
             layers: Layers::new(templates_dir),
+            uploads: uploads::Uploads::new(templates_dir),
             turns: Semaphore::new(at_once.max(1)),
         })
     }

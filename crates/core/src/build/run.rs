@@ -1,5 +1,6 @@
 //! Running one build: step by step, each `RUN` from its cached layer or in a build sandbox.
 
+use super::copy::CopyStep;
 use super::layers::StepMount;
 use super::{BuildJob, BuildLog, Builder, Failure, StepKind, STEP_TIMEOUT};
 use crate::driver::{LaunchSpec, RootfsWrites};
@@ -16,6 +17,17 @@ use std::time::{Duration, Instant};
 const AGENT_START: Duration = Duration::from_secs(30);
 /// Output lines kept for a failed step's message.
 const TAIL_LINES: usize = 15;
+
+/// What one step that is not cached runs, and the layer it makes.
+struct StepWork<'a> {
+    /// The step as its failure names it.
+    shown: &'a str,
+    command: &'a AgentCommand,
+    /// A `COPY`'s upload, put where the command finds it.
+    archive: Option<&'a std::path::Path>,
+    key: &'a str,
+    label: &'a str,
+}
 
 /// Where a build is: the layers so far (bottom first), their key, and the context the next
 /// step runs in.
@@ -80,18 +92,40 @@ impl Builder {
                     envs: progress.context.env.clone(),
                     timeout: STEP_TIMEOUT,
                 },
+                StepKind::Copy(copy) => AgentCommand {
+                    shell: copy.script(&progress.context),
+                    user: "root".into(),
+                    cwd: Some("/".into()),
+                    envs: Default::default(),
+                    timeout: STEP_TIMEOUT,
+                },
+            };
+            let files = match &step.kind {
+                StepKind::Copy(copy) => Some(copy),
+                _ => None,
             };
             let key = hash(&[
                 &progress.key,
                 &serde_json::to_string(&command_key(&command)).unwrap_or_default(),
+                files.map_or("", |c| c.files_hash.as_str()),
             ]);
             progress.rebuilding |= step.force;
             if !progress.rebuilding && self.layers.has(&key) {
                 log.write(LogLevel::Info, Some(label.clone()), "CACHED");
             } else {
                 let step_started = Instant::now();
-                self.run_step(job, &progress.chain, &command, &key, &label, log)
-                    .await?;
+                let archive = match files {
+                    Some(copy) => Some(self.uploaded(job, copy, &label)?),
+                    None => None,
+                };
+                let work = StepWork {
+                    shown: &describe(&step.kind),
+                    command: &command,
+                    archive: archive.as_deref(),
+                    key: &key,
+                    label: &label,
+                };
+                self.run_step(job, &progress.chain, work, log).await?;
                 progress.rebuilding = true;
                 log.write(
                     LogLevel::Info,
@@ -133,26 +167,40 @@ impl Builder {
         Ok(())
     }
 
-    /// Runs one `RUN` in a sandbox over the layers so far; its writes become layer `key`.
+    /// The archive a `COPY` step's files were uploaded in.
+    fn uploaded(&self, job: &BuildJob, copy: &CopyStep, label: &str) -> Result<PathBuf, Failure> {
+        let archive = self.uploads.archive(&job.template_id, &copy.files_hash);
+        if archive.is_file() {
+            return Ok(archive);
+        }
+        Err(Failure {
+            message: format!(
+                "step {label} (COPY {} {}): its files were never uploaded; build again",
+                copy.src, copy.dest
+            ),
+            step: Some(label.to_owned()),
+        })
+    }
+
+    /// Runs one step's command in a sandbox over the layers so far; its writes become a layer.
     async fn run_step(
         &self,
         job: &BuildJob,
         chain: &[PathBuf],
-        command: &AgentCommand,
-        key: &str,
-        label: &str,
+        work: StepWork<'_>,
         log: &BuildLog,
     ) -> Result<(), Failure> {
+        let (key, label) = (work.key, work.label);
         let fail = |message: String| Failure {
             message,
             step: Some(label.to_owned()),
         };
         let mount = self
             .layers
-            .mount_step(chain, &job.build_id)
+            .mount_step(chain, &job.build_id, work.archive)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        let outcome = self.run_in_sandbox(job, &mount, command, label, log).await;
+        let outcome = self.run_in_sandbox(job, &mount, &work, log).await;
         match outcome {
             Ok(()) => self
                 .layers
@@ -174,10 +222,10 @@ impl Builder {
         &self,
         job: &BuildJob,
         mount: &StepMount,
-        command: &AgentCommand,
-        label: &str,
+        work: &StepWork<'_>,
         log: &BuildLog,
     ) -> Result<(), String> {
+        let (command, label) = (work.command, work.label);
         let spec = LaunchSpec {
             id: SandboxId::generate(),
             rootfs: mount.merged.clone(),
@@ -216,12 +264,12 @@ impl Builder {
             Ok(0) => Ok(()),
             Ok(code) => Err(format!(
                 "step {label} (`{}`) failed with exit code {code}; last output:\n{}",
-                command.shell,
+                work.shown,
                 tail.join("\n")
             )),
             Err(e) => Err(format!(
                 "step {label} (`{}`) failed: {e}; last output:\n{}",
-                command.shell,
+                work.shown,
                 tail.join("\n")
             )),
         }
@@ -319,6 +367,7 @@ fn describe(kind: &StepKind) -> String {
             user: Some(user),
         } => format!("RUN (as {user}) {command}"),
         StepKind::Run { command, .. } => format!("RUN {command}"),
+        StepKind::Copy(copy) => format!("COPY {} {}", copy.src, copy.dest),
         StepKind::Env(pairs) => {
             let pairs: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
             format!("ENV {}", pairs.join(" "))
