@@ -121,6 +121,7 @@ def test_a_failing_step_fails_the_build_with_its_command_exit_code_and_output(na
     with pytest.raises(Exception) as err:
         Sandbox.create(name)
     assert "not found" in str(err.value).lower(), err.value
+    assert not Template.exists(name)
 
 
 def test_templates_belong_to_their_key(names, other_key):
@@ -314,3 +315,26 @@ def test_a_copy_whose_files_were_not_uploaded_fails_at_its_step(server, names):
         time.sleep(0.1)
     assert info["reason"]["step"] == "1", info
     assert "never uploaded" in info["reason"]["message"], info
+
+
+def test_a_template_on_the_code_interpreter_runs_code_with_its_packages(names):
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    name = names()
+    Template.build(Template().from_template("code-interpreter-v1").pip_install(["tabulate"]),
+                   name)
+    sbx = CodeSandbox.create(name)
+    try:
+        run = sbx.run_code("import tabulate\nprint(tabulate.tabulate([[1, 2]]))")
+        assert run.error is None, run.error
+        assert "1  2" in "".join(run.logs.stdout), run.logs
+    finally:
+        sbx.kill()
+
+
+def test_base_has_what_e2bs_base_has(sandbox):
+    run = sandbox.commands.run(
+        # (sudo itself is refused by the sandbox's no-new-privileges flag for now)
+        "git --version && pip --version && curl --version | head -1 && command -v sudo && "
+        "ls /etc/ssl/certs/ca-certificates.crt")
+    assert run.exit_code == 0 and "git version" in run.stdout and "pip " in run.stdout, run

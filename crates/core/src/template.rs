@@ -28,17 +28,20 @@ const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const COMPLETE_MARKER: &str = "complete";
 
-/// What `base` contains beyond debootstrap's minbase. python3 and coreutils are what the agent
-/// and the SDKs' examples need; the rest is what people expect to find in a shell. Recommends are
-/// not installed, which keeps it small.
+/// What `base` contains beyond debootstrap's minbase: what E2B's base has (git, curl, python3
+/// with pip, sudo, ca-certificates), so that `apt_install`, `pip_install` and `git_clone` steps
+/// work on it, and what people expect to find in a shell. Recommends are not installed, which
+/// keeps it small.
 const BASE_PACKAGES: &[&str] = &[
     "ca-certificates",
     "curl",
+    "git",
     "iproute2",
     "less",
     "netbase",
     "procps",
     "python3",
+    "python3-pip",
     "sudo",
 ];
 
@@ -53,6 +56,8 @@ chmod 0755 /home/user
 printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' > /etc/sudoers.d/user
 chmod 0440 /etc/sudoers.d/user
 printf 'airlock\n' > /etc/hostname
+# A plain `pip install` works, as in E2B's image (as `user` it falls back to `~/.local`).
+rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
 cat >> /etc/environment <<'EOF'
 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
@@ -88,9 +93,9 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 /// (Deno), and the IPython start-up script that adds E2B's `e2b/chart` and `e2b/data` outputs.
 pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
 
-/// `python3-pip` installs the pinned wheels; `python-is-python3` gives generated code its
-/// `python`. The rest of the Python stack comes from PyPI, pinned in `requirements.txt`.
-const CODE_INTERPRETER_PACKAGES: &[&str] = &["python-is-python3", "python3-pip"];
+/// `python-is-python3` gives generated code its `python` (pip is `base`'s). The rest of the
+/// Python stack comes from PyPI, pinned in `requirements.txt`.
+const CODE_INTERPRETER_PACKAGES: &[&str] = &["python-is-python3"];
 
 /// The code interpreter's files, embedded: (path in the rootfs, mode, contents). The kernelspecs
 /// are staged under `/usr/local/lib/airlock/kernels` and moved into place by the setup script
@@ -138,16 +143,14 @@ const DENO: NpmBinary = NpmBinary {
 };
 
 /// Runs after [`BASE_SETUP`] in the same shell. pip installs the locked closure (hashes checked,
-/// wheels only, no resolver) as root into `/usr/local`. `EXTERNALLY-MANAGED` goes so that a plain
-/// `pip install` works as it does in E2B's image; as `user` it falls back to `~/.local`, which
-/// exists from the start so that a running kernel sees what it installs.
+/// wheels only, no resolver) as root into `/usr/local`. As `user`, a `pip install` falls back to
+/// `~/.local`, which exists from the start so that a running kernel sees what it installs.
 const CODE_INTERPRETER_SETUP: &str = r#"
 export HOME=/root
 export SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 export REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 export PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore
-rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
 python3 -m pip install --no-deps --require-hashes --only-binary=:all: --progress-bar off \
     -r /usr/local/lib/airlock/requirements.txt
 python3 -m pip check
@@ -805,8 +808,9 @@ mod tests {
         recipe(&TemplateName::parse(CODE_INTERPRETER).unwrap()).unwrap()
     }
 
-    /// `base`'s hash, with the host-dependent fields fixed, as format 1 computed it before
-    /// recipes had files and npm binaries. Built `base` caches stay valid only while this holds.
+    /// `base`'s hash, with the host-dependent fields fixed: files and npm binaries (which it
+    /// has none of) leave it as it was. It changes only when `base` itself does (last: git and
+    /// pip added), and every built `base` cache is then built again.
     #[test]
     fn base_hash_is_unchanged_by_the_newer_fields() {
         let mut r = base();
@@ -815,12 +819,12 @@ mod tests {
         r.ca_bundle = None;
         assert_eq!(
             content_hash(&r),
-            "010f76f6a879ef867b32427254b96c98fe2af9d67ea204d2e719211b886ff688"
+            "ce8a0ce24f6dbfd3c85e58bb93b9415ecb0bbd952ba941d31e682aa0651772b3"
         );
         r.ca_bundle = Some(b"test-ca".to_vec());
         assert_eq!(
             content_hash(&r),
-            "bb8bf98f4d4a7181ad05ce852f003eeb0c125e0f77ad4d58df1c3bb2912053ca"
+            "5626013068f798b78178050815e167035305d2672e77e27a5572f29ce4871f34"
         );
     }
 
@@ -861,7 +865,7 @@ mod tests {
         assert!(KNOWN_TEMPLATES.contains(&CODE_INTERPRETER));
         assert!(ci.setup_script.starts_with(&b.setup_script));
         assert!(b.packages.iter().all(|p| ci.packages.contains(p)));
-        assert!(ci.packages.iter().any(|p| p == "python3-pip"));
+        assert!(b.packages.iter().any(|p| p == "python3-pip"));
         assert_eq!((&ci.suite, &ci.variant), (&b.suite, &b.variant));
         for f in &ci.files {
             rootfs_path(Path::new("/nonexistent-rootfs"), &f.path).unwrap();

@@ -413,7 +413,7 @@ pub async fn upload(
 }
 
 /// `Template.exists`: 200 for a name the caller can build from, 404 otherwise (another key's
-/// private template included).
+/// private template included, and one whose builds all failed: there is nothing to start).
 async fn alias(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -428,6 +428,7 @@ async fn alias(
     let template = state
         .store
         .user_template_named(Some(&caller.0), &alias)?
+        .filter(|t| matches!(state.store.template(&t.id), Ok(Some(_))))
         .ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
     Ok(Json(TemplateAlias {
         template_id: template.id.to_string(),

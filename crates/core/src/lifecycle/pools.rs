@@ -161,7 +161,11 @@ impl Lifecycle {
     pub async fn publish_template(&self, template: &TemplateRecord) -> Result<(), LifecycleError> {
         let _turn = self.pools.golden_turn.lock().await;
         let golden = (self.limits.pool_size > 0).then(|| self.golden_image(template));
-        self.make_golden(template, golden.as_deref()).await?;
+        // The same build again (everything cached) has its image already: same layers, same
+        // start command, already seen ready.
+        if !golden.as_ref().is_some_and(|g| self.driver.has_image(g)) {
+            self.make_golden(template, golden.as_deref()).await?;
+        }
         self.store.put_template(template)?;
         self.delete_stale_goldens().await;
         self.refill.notify_one();
