@@ -338,3 +338,45 @@ def test_base_has_what_e2bs_base_has(sandbox):
         "git --version && pip --version && curl --version | head -1 && command -v sudo && "
         "ls /etc/ssl/certs/ca-certificates.crt")
     assert run.exit_code == 0 and "git version" in run.stdout and "pip " in run.stdout, run
+
+
+def test_templates_are_listed_got_and_made_public_through_the_sdks_client(names, other_key):
+    from e2b import ConnectionConfig
+    from e2b.api.client.api.templates import (
+        get_templates, get_templates_template_id, get_v2_templates, patch_v_2_templates_template_id)
+    from e2b.api.client.models import TemplateUpdateRequest
+    from e2b.api.client_sync import get_api_client
+
+    name = names()
+    info = Template.build(Template().from_template("base").run_cmd("echo shared > /shared",
+                                                                  user="root"), name)
+    client = get_api_client(ConnectionConfig())
+    listed = get_v2_templates.sync(client=client)
+    mine = [t for t in listed if name in t.names]
+    assert len(mine) == 1 and mine[0].build_status.value == "ready", listed
+    assert mine[0].template_id == info.template_id and mine[0].public is False
+    assert [t.template_id for t in get_templates.sync(client=client)
+            if name in t.names] == [info.template_id]
+    got = get_templates_template_id.sync(info.template_id, client=client)
+    assert [str(b.build_id) for b in got.builds] == [info.build_id], got
+    assert got.builds[0].status.value == "ready"
+
+    # Another key neither lists nor uses it, until it is made public.
+    other = get_api_client(ConnectionConfig(api_key=other_key))
+    assert not [t for t in get_v2_templates.sync(client=other) if name in t.names]
+    with pytest.raises(Exception):
+        Sandbox.create(name, api_key=other_key)
+    updated = patch_v_2_templates_template_id.sync(
+        info.template_id, client=client, body=TemplateUpdateRequest(public=True))
+    assert updated.names == [name]
+    sbx = Sandbox.create(name, api_key=other_key)
+    try:
+        assert sbx.commands.run("cat /shared").stdout.strip() == "shared"
+    finally:
+        sbx.kill()
+    # Public is for use, not for change: the other key cannot delete or change it.
+    assert not Sandbox.delete_snapshot(name, api_key=other_key)
+    res = patch_v_2_templates_template_id.sync_detailed(
+        info.template_id, client=other, body=TemplateUpdateRequest(public=False))
+    assert res.status_code == 404
+    assert Template.exists(name)

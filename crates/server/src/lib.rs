@@ -9,6 +9,7 @@ pub mod error;
 pub mod listen;
 pub mod proxy;
 pub mod serve;
+pub mod template_info;
 pub mod templates_api;
 
 use airlock_core::lifecycle::Lifecycle;

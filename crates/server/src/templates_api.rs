@@ -41,6 +41,7 @@ pub fn routes() -> Router<AppState> {
         .route("/templates/{id}/builds/{build}/status", get(build_status))
         .route("/templates/{id}/files/{hash}", get(file_upload_link))
         .route("/templates/aliases/{alias}", get(alias))
+        .merge(crate::template_info::routes())
 }
 
 /// The caller's template `id` (its id or alias), if it has one.
@@ -56,7 +57,7 @@ fn find_owned(
 }
 
 /// The caller's template `id` (its id or alias), or 404.
-fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<UserTemplate, ApiError> {
+pub(crate) fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<UserTemplate, ApiError> {
     find_owned(state, caller, id)?
         .ok_or_else(|| ApiError::not_found(format!("template '{id}' not found")))
 }

@@ -130,3 +130,63 @@ pub struct TemplateFileUpload {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<std::collections::BTreeMap<String, String>>,
 }
+
+/// A template in E2B's list and get answers (`Template`; every field is required by the SDK,
+/// the nullable ones as `null`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateInfo {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// The latest build's.
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u32,
+    pub public: bool,
+    pub aliases: Vec<String>,
+    pub names: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub created_by: Option<serde_json::Value>,
+    pub last_spawned_at: Option<String>,
+    pub spawn_count: u64,
+    pub build_count: u64,
+    pub envd_version: String,
+    /// The latest build's status.
+    pub build_status: String,
+}
+
+/// One build in `GET /templates/{id}`'s `builds`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildInfo {
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub status: String,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+}
+
+/// `PATCH /templates/{id}` and `PATCH /v2/templates/{id}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct TemplateUpdate {
+    #[serde(default)]
+    pub public: Option<bool>,
+}
+
+/// `GET /templates/{id}`: the template and its builds, newest first.
+#[derive(Debug, Clone, Serialize)]
+pub struct TemplateWithBuilds {
+    #[serde(flatten)]
+    pub template: TemplateInfo,
+    pub builds: Vec<TemplateBuildInfo>,
+}

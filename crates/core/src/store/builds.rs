@@ -190,11 +190,12 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Sets what a new build asked for (E2B keeps a template's latest resources).
+    /// Sets what a new build asked for (E2B keeps a template's latest resources), and whether
+    /// it is public.
     pub fn update_user_template(&self, t: &UserTemplate) -> Result<(), StoreError> {
         self.conn().execute(
-            "UPDATE user_templates SET cpu_count = ?2, memory_mb = ?3 WHERE id = ?1",
-            params![t.id.as_str(), t.cpu_count, t.memory_mb],
+            "UPDATE user_templates SET cpu_count = ?2, memory_mb = ?3, public = ?4 WHERE id = ?1",
+            params![t.id.as_str(), t.cpu_count, t.memory_mb, t.public],
         )?;
         Ok(())
     }
@@ -276,37 +277,48 @@ impl Store {
     }
 
     pub fn build(&self, id: &str) -> Result<Option<BuildRecord>, StoreError> {
+        Ok(self.query_builds("WHERE id = ?1", id)?.into_iter().next())
+    }
+
+    /// Every build of a template, newest first.
+    pub fn builds_of(&self, template: &TemplateName) -> Result<Vec<BuildRecord>, StoreError> {
+        self.query_builds(
+            "WHERE template_id = ?1 ORDER BY created_at DESC, rowid DESC",
+            template.as_str(),
+        )
+    }
+
+    fn query_builds(&self, filter: &str, arg: &str) -> Result<Vec<BuildRecord>, StoreError> {
         let conn = self.conn();
-        let row = conn
-            .query_row(
-                "SELECT id, template_id, status, reason, reason_step, created_at, finished_at
-                 FROM template_builds WHERE id = ?1",
-                params![id],
-                |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, Option<String>>(3)?,
-                        row.get::<_, Option<String>>(4)?,
-                        row.get::<_, i64>(5)?,
-                        row.get::<_, Option<i64>>(6)?,
-                    ))
-                },
-            )
-            .optional()?;
-        let Some((id, template, status, reason, step, created_at, finished_at)) = row else {
-            return Ok(None);
-        };
-        let corrupt = || StoreError::Corrupt(id.clone());
-        Ok(Some(BuildRecord {
-            template_id: TemplateName::parse(&template).map_err(|_| corrupt())?,
-            status: BuildStatus::parse(&status).ok_or_else(corrupt)?,
-            failure: reason.map(|r| (r, step)),
-            created_at,
-            finished_at,
-            id,
-        }))
+        let mut stmt = conn.prepare(&format!(
+            "SELECT id, template_id, status, reason, reason_step, created_at, finished_at
+             FROM template_builds {filter}"
+        ))?;
+        let rows = stmt.query_map(params![arg], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, Option<String>>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, Option<i64>>(6)?,
+            ))
+        })?;
+        let mut builds = Vec::new();
+        for row in rows {
+            let (id, template, status, reason, step, created_at, finished_at) = row?;
+            let corrupt = || StoreError::Corrupt(id.clone());
+            builds.push(BuildRecord {
+                template_id: TemplateName::parse(&template).map_err(|_| corrupt())?,
+                status: BuildStatus::parse(&status).ok_or_else(corrupt)?,
+                failure: reason.map(|r| (r, step)),
+                created_at,
+                finished_at,
+                id,
+            });
+        }
+        Ok(builds)
     }
 
     /// Moves a build on; a final status (ready, error) also records when it ended.
