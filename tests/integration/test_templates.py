@@ -3,11 +3,17 @@ RUN runs in a gVisor build sandbox, its layer is cached, and the template then s
 like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
 
 import http.client
+import json
+import os
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from e2b import BuildException, Sandbox, Template, wait_for_file, wait_for_port
+
+from harness import API_KEY
 
 
 def fresh_name():
@@ -380,3 +386,23 @@ def test_templates_are_listed_got_and_made_public_through_the_sdks_client(names,
         info.template_id, client=other, body=TemplateUpdateRequest(public=False))
     assert res.status_code == 404
     assert Template.exists(name)
+
+
+JS_DIR = Path(__file__).resolve().parents[1] / "js"
+
+
+def test_the_js_sdks_builder_builds_and_starts_a_template(server, names, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("hello from a js-built template\n")
+    name = names()
+    env = dict(os.environ, E2B_API_KEY=API_KEY, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
+    out = subprocess.run(
+        ["node", str(JS_DIR / "template_build.mjs"), name, str(tmp_path), f"127.0.0.1:{server.port}"],
+        cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["exists"] is True, result
+    assert any("START python3 -m http.server 8080" in m for m in result["logs"]), result["logs"]
+    assert result["first"] == {"status": 200, "body": "hello from a js-built template\n"}, result
+    assert result["stdout"].split() == ["/srv/site", "hello-from-js", "hello-from-js"], result
