@@ -74,7 +74,7 @@ if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter, pytest' 2>/dev/nul
 fi
 
 # The JavaScript SDK, pinned by tests/js/package-lock.json: the tests drive it with Node.
-JS_DIR="$(dirname "$0")/../tests/js"
+JS_DIR=$(cd "$(dirname "$0")/../tests/js" && pwd)
 want=$(node -p "require('$JS_DIR/package.json').dependencies.e2b")
 have=$(node -p "require('$JS_DIR/node_modules/e2b/package.json').version" 2>/dev/null || true)
 if [ "$want" != "$have" ]; then
