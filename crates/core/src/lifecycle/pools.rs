@@ -112,7 +112,11 @@ impl Lifecycle {
                 }
                 let golden = self.golden_image(template);
                 if !self.driver.has_image(&golden) {
-                    let _turn = self.pools.golden_turn.lock().await;
+                    // A build publishing a template holds the turn while its start command gets
+                    // ready (minutes, perhaps): the other pools are filled meanwhile.
+                    let Ok(_turn) = self.pools.golden_turn.try_lock() else {
+                        continue;
+                    };
                     if self.driver.has_image(&golden) {
                         continue;
                     }
