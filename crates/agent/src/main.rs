@@ -6,7 +6,9 @@
 //! env vars, access token and (for a sandbox restored from a checkpoint) its own hostname.
 
 use airlock_agent::state::{Agent, AgentState};
-use airlock_agent::{auth, caps, files, fs, interpreter, oom, process, reaper, rpc, watch};
+use airlock_agent::{
+    auth, caps, files, fs, interpreter, layer, oom, process, provision, reaper, rpc, watch,
+};
 use airlock_wire::envd::InitRequest;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -59,6 +61,21 @@ fn detach_stdio() -> std::io::Result<()> {
 }
 
 fn main() {
+    // Tools the build runs inside a build sandbox, with this same static binary: an image may
+    // have nothing else to run them with.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let tool = match args.first().map(String::as_str) {
+        Some("unpack-layer") => Some(layer::main as fn(&[String]) -> Result<(), String>),
+        Some("provision") => Some(provision::main as fn(&[String]) -> Result<(), String>),
+        _ => None,
+    };
+    if let Some(tool) = tool {
+        if let Err(e) = tool(&args[1..]) {
+            eprintln!("airlock-agent {}: {e}", args[0]);
+            std::process::exit(1);
+        }
+        return;
+    }
     // Before the runtime starts its threads: the bounding set is per thread, and every thread
     // (and so every process the agent forks) must inherit the reduced one.
     if let Err(e) = caps::keep_sys_admin_from_children() {

@@ -25,6 +25,7 @@ use nix::unistd::Pid;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -201,6 +202,16 @@ async fn start(State(agent): State<AgentState>, headers: HeaderMap, body: Body) 
     resp
 }
 
+/// The program to run for `cmd`. The SDK runs every command with `/bin/bash -l -c`; an image
+/// without bash (Alpine, BusyBox) runs it with `/bin/sh`, which takes the same arguments.
+fn program(cmd: &str) -> &str {
+    if cmd == "/bin/bash" && !Path::new(cmd).exists() {
+        "/bin/sh"
+    } else {
+        cmd
+    }
+}
+
 /// Starts the process and its output pumps; the returned receiver sees all of its output.
 fn spawn(
     agent: &AgentState,
@@ -228,7 +239,7 @@ fn spawn(
         )));
     }
 
-    let mut cmd = std::process::Command::new(&config.cmd);
+    let mut cmd = std::process::Command::new(program(&config.cmd));
     cmd.args(&config.args)
         .current_dir(&cwd)
         .env_clear()

@@ -21,12 +21,26 @@ pub struct User {
 
 impl User {
     /// Looks `name` up in `/etc/passwd` (read fresh: users may be added at runtime).
+    /// `root` is uid 0 even without an entry: an image being unpacked has no `/etc/passwd` yet.
     pub fn lookup(name: &str) -> Result<User, RpcError> {
-        let passwd = std::fs::read_to_string("/etc/passwd")
-            .map_err(|e| RpcError::internal(format!("reading /etc/passwd: {e}")))?;
-        find_in_passwd(&passwd, name).ok_or_else(|| {
-            RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'"))
-        })
+        let passwd = match std::fs::read_to_string("/etc/passwd") {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            other => other.map_err(|e| RpcError::internal(format!("reading /etc/passwd: {e}")))?,
+        };
+        find_in_passwd(&passwd, name)
+            .or_else(|| (name == "root").then(User::root))
+            .ok_or_else(|| {
+                RpcError::new(Code::Unauthenticated, format!("invalid username: '{name}'"))
+            })
+    }
+
+    fn root() -> User {
+        User {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+            home: PathBuf::from("/root"),
+        }
     }
 
     /// The environment every process of this user starts from (sandbox env vars come on top).

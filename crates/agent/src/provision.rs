@@ -1,0 +1,172 @@
+//! `airlock-agent provision ROOT [CA_BUNDLE]`: adds what a sandbox needs to an image's root
+//! filesystem, and nothing else of the user's changes:
+//! - a `root` entry, if the image has none (a scratch image may have no `/etc/passwd`);
+//! - the `user` account (uid 1000 when free), its home, and passwordless sudo where the image
+//!   has sudo's drop-in directory, as E2B's templates have;
+//! - a world-writable `/tmp`;
+//! - the host's CA bundle at [`CA_PATH`], which the template's environment points TLS clients at.
+//!
+//! Written in Rust rather than as a shell script because an image need not have a shell.
+
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::Path;
+
+/// Where the host's CA bundle goes.
+pub const CA_PATH: &str = "etc/airlock/ca-certificates.crt";
+const USER: &str = "user";
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let (root, ca) = match args {
+        [root] => (Path::new(root), None),
+        [root, ca] => (Path::new(root), Some(Path::new(ca))),
+        _ => return Err("usage: airlock-agent provision ROOT [CA_BUNDLE]".into()),
+    };
+    provision(root, ca).map_err(|e| e.to_string())
+}
+
+fn provision(root: &Path, ca: Option<&Path>) -> std::io::Result<()> {
+    let etc = root.join("etc");
+    std::fs::create_dir_all(&etc)?;
+    let passwd = read(&etc.join("passwd"))?;
+    let group = read(&etc.join("group"))?;
+    if find(&passwd, "root").is_none() {
+        let shell = shell(root);
+        append(
+            &etc.join("passwd"),
+            &format!("root:x:0:0:root:/root:{shell}"),
+        )?;
+    }
+    if find(&group, "root").is_none() {
+        append(&etc.join("group"), "root:x:0:")?;
+    }
+    let (uid, gid) = match find(&passwd, USER) {
+        Some(fields) => (number(&fields, 2), number(&fields, 3)),
+        None => add_user(root, &passwd, &group)?,
+    };
+    let home = root.join("home").join(USER);
+    if !home.exists() {
+        std::fs::create_dir_all(&home)?;
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))?;
+        chown(&home, Some(uid), Some(gid))?;
+    }
+    let sudoers = etc.join("sudoers.d");
+    if sudoers.is_dir() {
+        let file = sudoers.join("airlock-user");
+        std::fs::write(&file, format!("{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"))?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440))?;
+    }
+    let tmp = root.join("tmp");
+    std::fs::create_dir_all(&tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))?;
+    if let Some(ca) = ca {
+        let target = root.join(CA_PATH);
+        std::fs::create_dir_all(target.parent().unwrap_or(root))?;
+        std::fs::copy(ca, &target)?;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(())
+}
+
+/// Adds `user` with uid and gid 1000, or the lowest free number above it.
+fn add_user(root: &Path, passwd: &str, group: &str) -> std::io::Result<(u32, u32)> {
+    let taken = |file: &str, id: u32| {
+        file.lines()
+            .any(|l| l.split(':').nth(2) == Some(id.to_string().as_str()))
+    };
+    let uid = (1000..).find(|&id| !taken(passwd, id)).unwrap_or(1000);
+    let gid = match find(group, USER) {
+        Some(fields) => number(&fields, 2),
+        None => {
+            let gid = (uid..).find(|&id| !taken(group, id)).unwrap_or(uid);
+            append(&root.join("etc/group"), &format!("{USER}:x:{gid}:"))?;
+            gid
+        }
+    };
+    let shell = shell(root);
+    append(
+        &root.join("etc/passwd"),
+        &format!("{USER}:x:{uid}:{gid}::/home/{USER}:{shell}"),
+    )?;
+    if root.join("etc/shadow").exists() {
+        append(&root.join("etc/shadow"), &format!("{USER}:!::0:99999:7:::"))?;
+    }
+    Ok((uid, gid))
+}
+
+/// bash where the image has it, else sh.
+fn shell(root: &Path) -> &'static str {
+    if root.join("bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    }
+}
+
+fn read(path: &Path) -> std::io::Result<String> {
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        other => other,
+    }
+}
+
+/// The `:`-separated fields of `name`'s line.
+fn find(file: &str, name: &str) -> Option<Vec<String>> {
+    file.lines()
+        .map(|l| l.split(':').map(str::to_owned).collect::<Vec<_>>())
+        .find(|fields| fields.first().map(String::as_str) == Some(name))
+}
+
+fn number(fields: &[String], i: usize) -> u32 {
+    fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0)
+}
+
+/// Appends a line, first ending the file's last line if it lacks its newline.
+fn append(path: &Path, line: &str) -> std::io::Result<()> {
+    let mut text = read(path)?;
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(line);
+    text.push('\n');
+    std::fs::write(path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adds_root_and_user_to_an_image_without_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("etc/sudoers.d")).unwrap();
+        provision(root, None).unwrap();
+        let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+        assert!(passwd.contains("root:x:0:0:root:/root:/bin/sh\n"));
+        assert!(passwd.contains("user:x:1000:1000::/home/user:/bin/sh\n"));
+        let sudo = std::fs::read_to_string(root.join("etc/sudoers.d/airlock-user")).unwrap();
+        assert_eq!(sudo, "user ALL=(ALL:ALL) NOPASSWD: ALL\n");
+        assert!(root.join("home/user").is_dir());
+    }
+
+    #[test]
+    fn keeps_the_image_users_and_takes_the_next_free_uid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        let passwd = "root:x:0:0:root:/root:/bin/ash\nnode:x:1000:1000::/home/node:/bin/sh";
+        std::fs::write(root.join("etc/passwd"), passwd).unwrap();
+        std::fs::write(root.join("etc/group"), "root:x:0:\nnode:x:1000:\n").unwrap();
+        provision(root, None).unwrap();
+        let after = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+        assert!(after.starts_with(passwd));
+        assert!(after.ends_with("\nuser:x:1001:1001::/home/user:/bin/sh\n"));
+        assert!(!root.join("etc/sudoers.d").exists());
+        // Run twice, nothing is added twice.
+        provision(root, None).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/passwd")).unwrap(),
+            after
+        );
+    }
+}
