@@ -257,6 +257,11 @@ impl GvisorDriver {
         let hosts = bundle.join("hosts");
         write(&hosts, oci::hosts_file(id, Network::addrs(slot).sandbox))?;
         let netns = links::netns_path(id);
+        let build_tmp = if private_layer {
+            None
+        } else {
+            build_step_tmp(rootfs)
+        };
         let config = oci::spec(&oci::SpecParams {
             id,
             rootfs,
@@ -266,6 +271,7 @@ impl GvisorDriver {
             cgroups_path: &cgroup::path_for(id),
             cpu_count: spec.resources.cpu_count,
             memory_mb: spec.resources.memory_mb,
+            tmp_dir: build_tmp.as_deref(),
         });
         write(&bundle.join("config.json"), config.to_string())?;
 
@@ -557,6 +563,18 @@ fn which(bin: &Path) -> PathBuf {
         .map(|dir| dir.join(bin))
         .find(|p| p.is_file())
         .unwrap_or_else(|| bin.to_owned())
+}
+
+/// The `/tmp` of a template build step's root, to bind over runsc's tmpfs, so that what the step
+/// leaves there (a file a COPY put there for a later RUN) lands in its layer. Only a real
+/// directory: the layers below are the tenant's, and a `tmp` symlink would point the bind at
+/// the host's own files. Nothing runs on that root while the sandbox is being set up, so the
+/// check holds until runsc opens it. Without one, the step gets runsc's tmpfs.
+fn build_step_tmp(rootfs: &str) -> Option<String> {
+    let tmp = format!("{rootfs}/tmp");
+    std::fs::symlink_metadata(&tmp)
+        .is_ok_and(|md| md.is_dir())
+        .then_some(tmp)
 }
 
 fn write(path: &Path, contents: String) -> Result<(), DriverError> {

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 /// Where the agent binary appears inside every sandbox (bind-mounted read-only from the host).
-pub const AGENT_PATH: &str = "/opt/airlock/airlock-agent";
+pub use airlock_core::driver::AGENT_PATH;
 
 /// Docker's default capability set minus `CAP_NET_RAW` (no raw sockets: no packet crafting or
 /// ARP games on the sandbox's link). Root inside keeps what package installs and sudo need.
@@ -53,9 +53,44 @@ pub(crate) struct SpecParams<'a> {
     pub cpu_count: u32,
     /// 0 means no limit. gVisor also reports this as the sandbox's `MemTotal`.
     pub memory_mb: u32,
+    /// A host directory to bind at `/tmp`. runsc covers an empty `/tmp` with a tmpfs, which a
+    /// template build's step must not get: what it leaves in `/tmp` belongs in its layer.
+    pub tmp_dir: Option<&'a str>,
 }
 
 pub(crate) fn spec(p: &SpecParams<'_>) -> Value {
+    let mut mounts = json!([
+        { "destination": "/proc", "type": "proc", "source": "proc" },
+        {
+            "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+        },
+        {
+            "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        },
+        {
+            "destination": "/sys", "type": "sysfs", "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        {
+            "destination": AGENT_PATH, "type": "bind", "source": p.agent_binary,
+            "options": ["bind", "ro"],
+        },
+        {
+            "destination": "/etc/hosts", "type": "bind", "source": p.hosts_file,
+            "options": ["bind", "ro"],
+        },
+    ]);
+    if let (Some(tmp), Some(list)) = (p.tmp_dir, mounts.as_array_mut()) {
+        list.push(json!({
+            "destination": "/tmp", "type": "bind", "source": tmp, "options": ["bind", "rw"],
+        }));
+    }
     let mut resources = serde_json::Map::new();
     if p.memory_mb > 0 {
         resources.insert(
@@ -89,33 +124,7 @@ pub(crate) fn spec(p: &SpecParams<'_>) -> Value {
         // Writable only through runsc's overlay: the template directory itself is never written.
         "root": { "path": p.rootfs, "readonly": false },
         "hostname": p.id,
-        "mounts": [
-            { "destination": "/proc", "type": "proc", "source": "proc" },
-            {
-                "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
-            },
-            {
-                "destination": "/dev/pts", "type": "devpts", "source": "devpts",
-                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
-            },
-            {
-                "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-            },
-            {
-                "destination": "/sys", "type": "sysfs", "source": "sysfs",
-                "options": ["nosuid", "noexec", "nodev", "ro"],
-            },
-            {
-                "destination": AGENT_PATH, "type": "bind", "source": p.agent_binary,
-                "options": ["bind", "ro"],
-            },
-            {
-                "destination": "/etc/hosts", "type": "bind", "source": p.hosts_file,
-                "options": ["bind", "ro"],
-            },
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": [
                 { "type": "pid" },
@@ -155,6 +164,7 @@ mod tests {
             cgroups_path: "/airlock/abc",
             cpu_count: 2,
             memory_mb: 512,
+            tmp_dir: None,
         }
     }
 
@@ -195,6 +205,26 @@ mod tests {
         assert_eq!(s["linux"]["resources"]["memory"]["limit"], 512u64 << 20);
         assert_eq!(s["linux"]["resources"]["cpu"]["quota"], 200_000);
         assert_eq!(s["linux"]["resources"]["pids"]["limit"], HOST_TASKS);
+    }
+
+    #[test]
+    fn tmp_is_bound_only_when_asked() {
+        let tmp_mounts = |s: &Value| {
+            s["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["destination"] == "/tmp")
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert!(tmp_mounts(&spec(&params())).is_empty());
+        let bound = tmp_mounts(&spec(&SpecParams {
+            tmp_dir: Some("/t/rootfs/tmp"),
+            ..params()
+        }));
+        assert_eq!(bound.len(), 1);
+        assert_eq!(bound[0]["source"], "/t/rootfs/tmp");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! How the server talks to a sandbox's agent itself (health and `/init`), over the sandbox's link.
 
 use crate::proxy::HttpClient;
-use airlock_core::lifecycle::{AgentClient, AgentCommand, OutputLine};
+use airlock_core::lifecycle::{AgentClient, AgentCommand, OutputLine, Program};
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
 use airlock_wire::{CODE_INTERPRETER_PORT, ENVD_PORT};
@@ -127,11 +127,14 @@ impl HttpAgentClient {
         command: &AgentCommand,
         output: &mut (dyn FnMut(OutputLine) + Send),
     ) -> Result<i32, String> {
-        let mut process = serde_json::json!({
-            "cmd": "/bin/sh",
-            "args": ["-c", command.shell],
-            "envs": command.envs,
-        });
+        let (cmd, args) = match &command.program {
+            Program::Shell(line) => ("/bin/sh", vec![String::from("-c"), line.clone()]),
+            Program::Exec(argv) => match argv.split_first() {
+                Some((cmd, args)) => (cmd.as_str(), args.to_vec()),
+                None => return Err("an empty command".into()),
+            },
+        };
+        let mut process = serde_json::json!({ "cmd": cmd, "args": args, "envs": command.envs });
         if let Some(cwd) = &command.cwd {
             process["cwd"] = cwd.as_str().into();
         }

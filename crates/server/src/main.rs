@@ -96,6 +96,12 @@ enum Command {
         /// take to succeed after its sandbox boots, before the build fails.
         #[arg(long, default_value_t = 300, env = "AIRLOCK_READY_TIMEOUT")]
         ready_timeout: u64,
+        /// A registry (`host:port`, as in the image's name) that `from_image` builds may pull
+        /// from over plain HTTP and at a private or loopback address, such as your own
+        /// registry on this host. Others must be HTTPS at public addresses, so that an image
+        /// name cannot make the server reach what only it can reach. Repeat for several.
+        #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+        insecure_registries: Vec<String>,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
@@ -166,12 +172,14 @@ async fn run(cli: Cli) -> ExitCode {
             max_memory_mb,
             max_disk_mb,
             ready_timeout,
+            insecure_registries,
             insecure_open_network,
         } => serve::serve(serve::ServeOptions {
             listen,
             data_dir: cli.data_dir.clone(),
             templates_dir: cli.templates_dir.clone(),
             agent_binary: agent_bin,
+            insecure_registries,
             insecure_open_network,
             limits: Limits {
                 max_sandboxes,

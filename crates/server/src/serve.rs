@@ -27,6 +27,8 @@ pub struct ServeOptions {
     pub templates_dir: Option<PathBuf>,
     pub agent_binary: Option<PathBuf>,
     pub limits: Limits,
+    /// Registries `from_image` may reach over HTTP and at private addresses.
+    pub insecure_registries: Vec<String>,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
 }
@@ -139,6 +141,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         lifecycle.clone(),
         data.templates(),
         BUILDS_AT_ONCE,
+        opts.insecure_registries,
     );
     // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.
     builder

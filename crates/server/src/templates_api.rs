@@ -9,11 +9,12 @@ use crate::api::Caller;
 use crate::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::build::copy::CopyStep;
+use airlock_core::build::image::ImageSource;
 use airlock_core::build::uploads::{valid_hash, UploadError, MAX_UPLOAD_BYTES};
-use airlock_core::build::{BuildDefinition, BuildJob, Step, StepKind};
+use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Step, StepKind};
 use airlock_core::driver::Resources;
 use airlock_core::ids::{SandboxId, TemplateName};
-use airlock_core::store::{BuildRecord, BuildStatus, UserTemplate};
+use airlock_core::store::{BuildRecord, BuildStatus, TemplateRecord, UserTemplate};
 use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
     BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateAlias,
@@ -215,11 +216,6 @@ fn definition(
     caller: &Caller,
     body: TemplateBuildStart,
 ) -> Result<BuildDefinition, ApiError> {
-    if body.from_image_registry.is_some() {
-        return Err(ApiError::bad_request(
-            "registry credentials are not supported yet: build from a template",
-        ));
-    }
     for (what, command) in [("startCmd", &body.start_cmd), ("readyCmd", &body.ready_cmd)] {
         if command
             .as_ref()
@@ -230,25 +226,18 @@ fn definition(
             )));
         }
     }
-    let base_name = match (&body.from_template, &body.from_image) {
-        (Some(t), _) => t.clone(),
-        (None, Some(image)) if image.split(':').next() == Some(E2B_BASE_IMAGE) => "base".into(),
-        (None, Some(image)) => {
-            return Err(ApiError::bad_request(format!(
-                "building from an image ('{image}') is not supported yet: use from_template, \
-                 e.g. from_template(\"base\")"
-            )))
+    let base = match (&body.from_template, &body.from_image) {
+        (Some(t), _) => BuildBase::Template(visible_base(state, caller, t)?),
+        // E2B's own base image is what `base` is here.
+        (None, Some(image)) if image.split(':').next() == Some(E2B_BASE_IMAGE) => {
+            BuildBase::Template(visible_base(state, caller, "base")?)
         }
-        (None, None) => "base".into(),
+        (None, Some(image)) => BuildBase::Image(ImageSource {
+            reference: image_name(image)?,
+            credentials: registry_credentials(body.from_image_registry.as_ref())?,
+        }),
+        (None, None) => BuildBase::Template(visible_base(state, caller, "base")?),
     };
-    let (base, _) = state
-        .store
-        .visible_template(Some(&caller.0), &base_name)?
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "template '{base_name}' not found (or not built yet)"
-            ))
-        })?;
     if body.steps.len() > MAX_STEPS {
         return Err(ApiError::bad_request(format!(
             "a build may have at most {MAX_STEPS} steps"
@@ -267,6 +256,61 @@ fn definition(
         start_cmd: body.start_cmd,
         ready_cmd: body.ready_cmd,
     })
+}
+
+/// A template the caller may build on, built.
+fn visible_base(state: &AppState, caller: &Caller, name: &str) -> Result<TemplateRecord, ApiError> {
+    let (base, _) = state
+        .store
+        .visible_template(Some(&caller.0), name)?
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("template '{name}' not found (or not built yet)"))
+        })?;
+    Ok(base)
+}
+
+fn image_name(image: &str) -> Result<String, ApiError> {
+    let bad = image.is_empty()
+        || image.len() > 1024
+        || image.chars().any(|c| c.is_whitespace() || c.is_control());
+    if bad {
+        return Err(ApiError::bad_request(format!(
+            "'{image}' is not an image name (e.g. python:3.12-slim or registry.example.com/team/app:1)"
+        )));
+    }
+    Ok(image.to_owned())
+}
+
+/// `fromImageRegistry`, as the SDK sends it: `registry` (username and password), `gcp` (a
+/// service account key, which Google's registries take as the password of `_json_key`), or
+/// `aws` (which needs a token from AWS first).
+fn registry_credentials(
+    config: Option<&serde_json::Value>,
+) -> Result<Option<(String, String)>, ApiError> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    let field = |name: &str| {
+        config[name]
+            .as_str()
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("fromImageRegistry needs a non-empty '{name}'"))
+            })
+    };
+    match config["type"].as_str() {
+        Some("registry") => Ok(Some((field("username")?, field("password")?))),
+        Some("gcp") => Ok(Some(("_json_key".into(), field("serviceAccountJson")?))),
+        Some("aws") => Err(ApiError::bad_request(
+            "AWS credentials are not supported: this server does not call AWS to turn them \
+             into a registry token. Pass the token instead: \
+             from_image(image, username=\"AWS\", password=<output of `aws ecr get-login-password`>)",
+        )),
+        other => Err(ApiError::bad_request(format!(
+            "fromImageRegistry type {other:?} is not one of registry, gcp, aws"
+        ))),
+    }
 }
 
 fn step(s: &TemplateStep) -> Result<Step, String> {

@@ -83,9 +83,36 @@ impl Layers {
         Ok(StepMount { dir, merged })
     }
 
-    /// Unmounts the step and keeps what it wrote as layer `key`.
+    /// The bottom layer of an image: the mount points a sandbox needs before the image's own
+    /// layers are unpacked over it (the agent's is bind-mounted onto a file, which must exist).
+    pub fn scratch(&self) -> Result<PathBuf, BuildError> {
+        let layer = self.layer(SCRATCH);
+        if !layer.is_dir() {
+            let partial = self
+                .root
+                .join(format!(".work-{SCRATCH}-{:016x}", rand::random::<u64>()));
+            let made = make_scratch(&partial).and_then(|()| std::fs::rename(&partial, &layer));
+            if let Err(e) = made {
+                let _ = std::fs::remove_dir_all(&partial);
+                // Another build may have made it at the same moment: theirs is the same.
+                if !layer.is_dir() {
+                    return Err(BuildError::io(format!("making {}", layer.display()))(e));
+                }
+            }
+        }
+        Ok(layer)
+    }
+
+    /// Unmounts the step and keeps what it wrote as layer `key`, without the files the host
+    /// handed it (see [`Layers::mount_step`]).
     pub async fn keep(&self, step: StepMount, key: &str) -> Result<PathBuf, BuildError> {
         unmount(&step.merged).await?;
+        let inbox = step.dir.join("upper").join(INBOX);
+        // `symlink_metadata`: the step may have put anything there; only our directory goes
+        // (and `remove_dir_all` never follows a link under it).
+        if std::fs::symlink_metadata(&inbox).is_ok_and(|m| m.is_dir()) {
+            remove_all(&inbox).await?;
+        }
         let layer = self.layer(key);
         // A forced step replaces the layer it had made before.
         if layer.exists() {
@@ -151,6 +178,21 @@ impl Layers {
             .map_err(BuildError::io(format!("creating {}", target.display())))?;
         mount_overlay(&format!("ro,lowerdir={}", lowerdir(chain)?), target).await
     }
+}
+
+/// The scratch layer's name; bump its version when [`make_scratch`] changes.
+const SCRATCH: &str = "scratch-v2";
+
+fn make_scratch(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for d in ["proc", "sys", "dev", "tmp", "etc", "opt/airlock"] {
+        std::fs::create_dir_all(dir.join(d))?;
+    }
+    std::fs::set_permissions(dir.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
+    std::fs::write(dir.join("etc/hosts"), b"")?;
+    let agent = dir.join("opt/airlock/airlock-agent");
+    std::fs::write(&agent, b"")?;
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
 }
 
 /// overlayfs's `lowerdir`: the top layer first.

@@ -9,6 +9,7 @@
 //! running sandboxes need.
 
 pub mod copy;
+pub mod image;
 pub mod layers;
 mod run;
 pub mod uploads;
@@ -30,8 +31,7 @@ pub const MAX_LOG_ENTRIES: u64 = 20_000;
 /// What to build: a base and the steps on top of it.
 #[derive(Debug, Clone)]
 pub struct BuildDefinition {
-    /// The template it starts from, as built now.
-    pub base: TemplateRecord,
+    pub base: BuildBase,
     pub steps: Vec<Step>,
     /// Run every step, cached or not (E2B's top-level `force`, `skip_cache`).
     pub force: bool,
@@ -39,6 +39,15 @@ pub struct BuildDefinition {
     /// golden image is taken.
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+}
+
+/// What a build starts from.
+#[derive(Debug, Clone)]
+pub enum BuildBase {
+    /// A template, as built now.
+    Template(TemplateRecord),
+    /// An image in an OCI registry.
+    Image(image::ImageSource),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +106,7 @@ pub struct Builder {
     layers: Layers,
     /// `COPY` steps' archives, and the links they are uploaded to.
     pub uploads: uploads::Uploads,
+    registries: image::Registries,
     turns: Semaphore,
 }
 
@@ -116,6 +126,7 @@ impl Builder {
         lifecycle: Arc<Lifecycle>,
         templates_dir: &std::path::Path,
         at_once: usize,
+        insecure_registries: Vec<String>,
     ) -> Arc<Self> {
         Arc::new(Builder {
             store,
@@ -124,6 +135,7 @@ impl Builder {
             lifecycle,
             layers: Layers::new(templates_dir),
             uploads: uploads::Uploads::new(templates_dir),
+            registries: image::Registries::new(templates_dir, insecure_registries),
             turns: Semaphore::new(at_once.max(1)),
         })
     }

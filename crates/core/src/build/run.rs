@@ -1,16 +1,17 @@
 //! Running one build: step by step, each `RUN` from its cached layer or in a build sandbox.
 
-use super::copy::CopyStep;
+use super::copy::{ARCHIVE, INBOX};
+use super::image::ImageSource;
 use super::layers::StepMount;
-use super::{BuildJob, BuildLog, Builder, Failure, StepKind, STEP_TIMEOUT};
-use crate::driver::{LaunchSpec, RootfsWrites};
+use super::{BuildBase, BuildJob, BuildLog, Builder, Failure, StepKind, STEP_TIMEOUT};
+use crate::driver::{LaunchSpec, RootfsWrites, AGENT_PATH};
 use crate::egress::Egress;
 use crate::ids::SandboxId;
-use crate::lifecycle::{AgentCommand, OutputLine};
+use crate::lifecycle::{AgentCommand, OutputLine, Program};
 use crate::store::{BuildStatus, LogLevel, TemplateDefaults, TemplateRecord};
 use sha2::{Digest, Sha256};
-use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a build sandbox's agent may take to answer.
@@ -18,21 +19,38 @@ const AGENT_START: Duration = Duration::from_secs(30);
 /// Output lines kept for a failed step's message.
 const TAIL_LINES: usize = 15;
 
-/// What one step that is not cached runs, and the layer it makes.
-struct StepWork<'a> {
+/// One step that makes a layer: what it runs, and the key its layer is cached under.
+struct LayerStep<'a> {
+    /// The step's label in the log (`1`, `2`, … or `base`).
+    label: &'a str,
     /// The step as its failure names it.
     shown: &'a str,
-    command: &'a AgentCommand,
-    /// A `COPY`'s upload, put where the command finds it.
-    archive: Option<&'a std::path::Path>,
-    key: &'a str,
-    label: &'a str,
+    command: AgentCommand,
+    /// Files the host hands the step, found at `/{INBOX}/{ARCHIVE}` (a `COPY`'s upload, an
+    /// image layer).
+    archive: Option<PathBuf>,
+    /// What, besides the layers below and the command, its result depends on.
+    inputs: &'a str,
+    force: bool,
 }
+
+/// Where the host's CA bundle is; a provisioned image gets a copy (see `airlock-agent
+/// provision`), and its TLS clients are pointed at it.
+const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where [`HOST_CA_BUNDLE`]'s copy is in an image; the agent's `provision` puts it there.
+const IMAGE_CA_BUNDLE: &str = "/etc/airlock/ca-certificates.crt";
+/// Bump when what `provision` does changes: its layers are cached by this.
+const PROVISION_FORMAT: &str = "provision-v1";
+/// Bump when what a step's layer keeps changes (v2: what it leaves in `/tmp`): every layer is
+/// cached by this, so layers made the old way are made again.
+const STEP_FORMAT: &str = "step-v2";
 
 /// Where a build is: the layers so far (bottom first), their key, and the context the next
 /// step runs in.
 struct Progress {
     chain: Vec<PathBuf>,
+    /// Where this template's own layers start in `chain`.
+    own_from: usize,
     key: String,
     context: TemplateDefaults,
     /// A step before was forced (or rebuilt): nothing after it comes from the cache.
@@ -45,22 +63,28 @@ impl Builder {
         self.store
             .set_build_status(&job.build_id, BuildStatus::Building, None, super::now())
             .map_err(|e| failed_at("base")(e.into()))?;
-        let base = &job.definition.base;
-        log.write(
-            LogLevel::Info,
-            Some("base".into()),
-            &format!("FROM template {}", base.name),
-        );
-        let mut progress = Progress {
-            chain: chain_of(base),
-            key: hash(&["base", &base.content_hash]),
-            // The base's start command is its own: a template names its own.
-            context: TemplateDefaults {
-                start_cmd: None,
-                ready_cmd: None,
-                ..base.defaults.clone()
-            },
-            rebuilding: job.definition.force,
+        let mut progress = match &job.definition.base {
+            BuildBase::Template(base) => {
+                log.write(
+                    LogLevel::Info,
+                    Some("base".into()),
+                    &format!("FROM template {}", base.name),
+                );
+                let chain = chain_of(base);
+                Progress {
+                    own_from: chain.len(),
+                    chain,
+                    key: hash(&["base", &base.content_hash]),
+                    // The base's start command is its own: a template names its own.
+                    context: TemplateDefaults {
+                        start_cmd: None,
+                        ready_cmd: None,
+                        ..base.defaults.clone()
+                    },
+                    rebuilding: job.definition.force,
+                }
+            }
+            BuildBase::Image(source) => self.image_base(job, source, log).await?,
         };
         let total = job.definition.steps.len();
         for (i, step) in job.definition.steps.iter().enumerate() {
@@ -70,7 +94,14 @@ impl Builder {
                 Some(label.clone()),
                 &format!("[{}/{total}] {}", i + 1, describe(&step.kind)),
             );
-            let command = match &step.kind {
+            let command = |program| AgentCommand {
+                program,
+                user: "root".into(),
+                cwd: Some("/".into()),
+                envs: Default::default(),
+                timeout: STEP_TIMEOUT,
+            };
+            let (command, archive, inputs) = match &step.kind {
                 StepKind::Env(pairs) => {
                     progress.context.env.extend(pairs.iter().cloned());
                     continue;
@@ -83,58 +114,34 @@ impl Builder {
                     progress.context.user = user.clone();
                     continue;
                 }
-                StepKind::Run { command, user } => AgentCommand {
-                    shell: command.clone(),
-                    user: user
-                        .clone()
-                        .unwrap_or_else(|| progress.context.user.clone()),
-                    cwd: progress.context.workdir.clone(),
-                    envs: progress.context.env.clone(),
-                    timeout: STEP_TIMEOUT,
-                },
-                StepKind::Copy(copy) => AgentCommand {
-                    shell: copy.script(&progress.context),
-                    user: "root".into(),
-                    cwd: Some("/".into()),
-                    envs: Default::default(),
-                    timeout: STEP_TIMEOUT,
-                },
+                StepKind::Run { command, user } => {
+                    let run = AgentCommand {
+                        program: Program::Shell(command.clone()),
+                        user: user
+                            .clone()
+                            .unwrap_or_else(|| progress.context.user.clone()),
+                        cwd: progress.context.workdir.clone(),
+                        envs: progress.context.env.clone(),
+                        timeout: STEP_TIMEOUT,
+                    };
+                    (run, None, "")
+                }
+                StepKind::Copy(copy) => (
+                    command(Program::Shell(copy.script(&progress.context))),
+                    Some(self.uploads.archive(&job.template_id, &copy.files_hash)),
+                    copy.files_hash.as_str(),
+                ),
             };
-            let files = match &step.kind {
-                StepKind::Copy(copy) => Some(copy),
-                _ => None,
+            let shown = describe(&step.kind);
+            let work = LayerStep {
+                label: &label,
+                shown: &shown,
+                command,
+                archive,
+                inputs,
+                force: step.force,
             };
-            let key = hash(&[
-                &progress.key,
-                &serde_json::to_string(&command_key(&command)).unwrap_or_default(),
-                files.map_or("", |c| c.files_hash.as_str()),
-            ]);
-            progress.rebuilding |= step.force;
-            if !progress.rebuilding && self.layers.has(&key) {
-                log.write(LogLevel::Info, Some(label.clone()), "CACHED");
-            } else {
-                let step_started = Instant::now();
-                let archive = match files {
-                    Some(copy) => Some(self.uploaded(job, copy, &label)?),
-                    None => None,
-                };
-                let work = StepWork {
-                    shown: &describe(&step.kind),
-                    command: &command,
-                    archive: archive.as_deref(),
-                    key: &key,
-                    label: &label,
-                };
-                self.run_step(job, &progress.chain, work, log).await?;
-                progress.rebuilding = true;
-                log.write(
-                    LogLevel::Info,
-                    Some(label.clone()),
-                    &format!("done in {:.1} s", step_started.elapsed().as_secs_f64()),
-                );
-            }
-            progress.chain.push(self.layers.layer(&key));
-            progress.key = key;
+            self.layer_step(job, &mut progress, work, log).await?;
         }
         if let Some(start) = &job.definition.start_cmd {
             log.write(
@@ -167,19 +174,123 @@ impl Builder {
         Ok(())
     }
 
-    /// The archive a `COPY` step's files were uploaded in.
-    fn uploaded(&self, job: &BuildJob, copy: &CopyStep, label: &str) -> Result<PathBuf, Failure> {
-        let archive = self.uploads.archive(&job.template_id, &copy.files_hash);
-        if archive.is_file() {
-            return Ok(archive);
+    /// The base of a build `from_image`: the image pulled, each of its layers applied in a
+    /// build sandbox (a layer each, cached by the layers below it), then provisioned.
+    async fn image_base(
+        &self,
+        job: &BuildJob,
+        source: &ImageSource,
+        log: &BuildLog,
+    ) -> Result<Progress, Failure> {
+        let at_base = |message: String| Failure {
+            message,
+            step: Some("base".into()),
+        };
+        let note = |line: String| log.write(LogLevel::Info, Some("base".into()), &line);
+        note(format!("FROM image {}", source.reference));
+        let image = self.registries.pull(source, &note).await.map_err(at_base)?;
+        let scratch = self.layers.scratch().map_err(failed_at("base"))?;
+        let mut env: BTreeMap<String, String> = image.env.into_iter().collect();
+        for name in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "PIP_CERT",
+            "NODE_EXTRA_CA_CERTS",
+        ] {
+            env.insert(name.into(), IMAGE_CA_BUNDLE.into());
         }
-        Err(Failure {
-            message: format!(
-                "step {label} (COPY {} {}): its files were never uploaded; build again",
-                copy.src, copy.dest
-            ),
-            step: Some(label.to_owned()),
-        })
+        let mut progress = Progress {
+            chain: vec![scratch.clone()],
+            own_from: 0,
+            // The scratch layer's name has its version.
+            key: hash(&[&scratch.file_name().unwrap_or_default().to_string_lossy()]),
+            context: TemplateDefaults {
+                env,
+                workdir: image.workdir,
+                ..TemplateDefaults::default()
+            },
+            rebuilding: job.definition.force,
+        };
+        let inbox = format!("/{INBOX}/{ARCHIVE}");
+        let root = |argv: &[&str]| AgentCommand {
+            program: Program::Exec(argv.iter().map(|a| a.to_string()).collect()),
+            user: "root".into(),
+            cwd: Some("/".into()),
+            envs: Default::default(),
+            timeout: STEP_TIMEOUT,
+        };
+        for (digest, blob) in image.layers {
+            let shown = format!("layer {digest}");
+            let work = LayerStep {
+                label: "base",
+                shown: &shown,
+                command: root(&[AGENT_PATH, "unpack-layer", &inbox, "/"]),
+                archive: Some(blob),
+                inputs: &digest,
+                force: false,
+            };
+            self.layer_step(job, &mut progress, work, log).await?;
+        }
+        let ca = Path::new(HOST_CA_BUNDLE);
+        let ca_hash = std::fs::read(ca).map(|b| hex::encode(Sha256::digest(b)));
+        let work = LayerStep {
+            label: "base",
+            shown: "adding the user account, sudo and the CA bundle",
+            command: match ca_hash {
+                Ok(_) => root(&[AGENT_PATH, "provision", "/", &inbox]),
+                Err(_) => root(&[AGENT_PATH, "provision", "/"]),
+            },
+            archive: ca_hash.is_ok().then(|| ca.to_owned()),
+            inputs: &format!("{PROVISION_FORMAT}:{}", ca_hash.unwrap_or_default()),
+            force: false,
+        };
+        self.layer_step(job, &mut progress, work, log).await?;
+        progress.own_from = 0;
+        Ok(progress)
+    }
+
+    /// Takes the step's layer from the cache, or makes it, and moves the build on to it.
+    async fn layer_step(
+        &self,
+        job: &BuildJob,
+        progress: &mut Progress,
+        work: LayerStep<'_>,
+        log: &BuildLog,
+    ) -> Result<(), Failure> {
+        let key = hash(&[
+            STEP_FORMAT,
+            &progress.key,
+            &serde_json::to_string(&command_key(&work.command)).unwrap_or_default(),
+            work.inputs,
+        ]);
+        progress.rebuilding |= work.force;
+        if !progress.rebuilding && self.layers.has(&key) {
+            log.write(LogLevel::Info, Some(work.label.into()), "CACHED");
+        } else {
+            if let Some(archive) = work.archive.as_deref().filter(|a| !a.is_file()) {
+                return Err(Failure {
+                    message: format!(
+                        "step {} ({}): its files were never uploaded (no {}); build again",
+                        work.label,
+                        work.shown,
+                        archive.display()
+                    ),
+                    step: Some(work.label.into()),
+                });
+            }
+            let started = Instant::now();
+            self.run_step(job, &progress.chain, &work, &key, log)
+                .await?;
+            progress.rebuilding = true;
+            log.write(
+                LogLevel::Info,
+                Some(work.label.into()),
+                &format!("done in {:.1} s", started.elapsed().as_secs_f64()),
+            );
+        }
+        progress.chain.push(self.layers.layer(&key));
+        progress.key = key;
+        Ok(())
     }
 
     /// Runs one step's command in a sandbox over the layers so far; its writes become a layer.
@@ -187,20 +298,21 @@ impl Builder {
         &self,
         job: &BuildJob,
         chain: &[PathBuf],
-        work: StepWork<'_>,
+        work: &LayerStep<'_>,
+        key: &str,
         log: &BuildLog,
     ) -> Result<(), Failure> {
-        let (key, label) = (work.key, work.label);
+        let label = work.label;
         let fail = |message: String| Failure {
             message,
             step: Some(label.to_owned()),
         };
         let mount = self
             .layers
-            .mount_step(chain, &job.build_id, work.archive)
+            .mount_step(chain, &job.build_id, work.archive.as_deref())
             .await
             .map_err(|e| fail(e.to_string()))?;
-        let outcome = self.run_in_sandbox(job, &mount, &work, log).await;
+        let outcome = self.run_in_sandbox(job, &mount, work, log).await;
         match outcome {
             Ok(()) => self
                 .layers
@@ -222,10 +334,10 @@ impl Builder {
         &self,
         job: &BuildJob,
         mount: &StepMount,
-        work: &StepWork<'_>,
+        work: &LayerStep<'_>,
         log: &BuildLog,
     ) -> Result<(), String> {
-        let (command, label) = (work.command, work.label);
+        let (command, label) = (&work.command, work.label);
         let spec = LaunchSpec {
             id: SandboxId::generate(),
             rootfs: mount.merged.clone(),
@@ -281,16 +393,19 @@ impl Builder {
         job: &BuildJob,
         progress: Progress,
     ) -> Result<TemplateRecord, super::BuildError> {
-        let base = &job.definition.base;
-        let own_layers = &progress.chain[chain_of(base).len()..];
-        let rootfs = if own_layers.is_empty() {
-            base.rootfs.clone()
-        } else {
-            let target = self
-                .layers
-                .rootfs_mount(job.template_id.as_str(), &progress.key);
-            self.layers.mount_rootfs(&progress.chain, &target).await?;
-            target
+        let own_layers = &progress.chain[progress.own_from..];
+        // A template with no layers of its own is its base's rootfs under another name.
+        let (rootfs, layers) = match &job.definition.base {
+            BuildBase::Template(base) if own_layers.is_empty() => {
+                (base.rootfs.clone(), base.layers.clone())
+            }
+            _ => {
+                let target = self
+                    .layers
+                    .rootfs_mount(job.template_id.as_str(), &progress.key);
+                self.layers.mount_rootfs(&progress.chain, &target).await?;
+                (target, progress.chain.clone())
+            }
         };
         let mut size = 0;
         for layer in own_layers {
@@ -312,11 +427,7 @@ impl Builder {
             rootfs,
             built_at: super::now(),
             size_bytes: size,
-            layers: if own_layers.is_empty() {
-                base.layers.clone()
-            } else {
-                progress.chain
-            },
+            layers,
             defaults,
         };
         self.lifecycle
@@ -346,9 +457,12 @@ fn chain_of(template: &TemplateRecord) -> Vec<PathBuf> {
 
 /// What makes a `RUN`'s result: the command and everything it runs with.
 fn command_key(c: &AgentCommand) -> serde_json::Value {
-    serde_json::json!({
-        "run": c.shell, "user": c.user, "cwd": c.cwd, "env": c.envs,
-    })
+    let mut key = serde_json::json!({ "user": c.user, "cwd": c.cwd, "env": c.envs });
+    match &c.program {
+        Program::Shell(line) => key["run"] = line.as_str().into(),
+        Program::Exec(argv) => key["exec"] = argv.clone().into(),
+    }
+    key
 }
 
 fn hash(parts: &[&str]) -> String {

@@ -78,16 +78,24 @@ pub trait AgentClient: Send + Sync + 'static {
     ) -> Result<i32, String>;
 }
 
-/// A shell command for [`AgentClient::run`].
+/// A command for [`AgentClient::run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentCommand {
-    /// Run with `/bin/sh -c`.
-    pub shell: String,
+    pub program: Program,
     pub user: String,
     /// `None`: the user's home.
     pub cwd: Option<String>,
     pub envs: BTreeMap<String, String>,
     pub timeout: Duration,
+}
+
+/// What an [`AgentCommand`] runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// A command line, run with `/bin/sh -c`.
+    Shell(String),
+    /// A program and its arguments, run as they are (an image may have no shell).
+    Exec(Vec<String>),
 }
 
 /// One line a command wrote (without its newline), and where.

@@ -3,7 +3,7 @@
 //! `readyCmd`). Golden images are taken only after that, so a sandbox restored from one starts
 //! with the command already running and answering.
 
-use super::{AgentCommand, Lifecycle, LifecycleError, OutputLine};
+use super::{AgentCommand, Lifecycle, LifecycleError, OutputLine, Program};
 use crate::store::TemplateDefaults;
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
@@ -34,7 +34,7 @@ impl Lifecycle {
         let within = self.limits.ready_timeout;
         let deadline = Instant::now() + within;
         let command = |shell: &str, timeout: Duration| AgentCommand {
-            shell: shell.to_owned(),
+            program: Program::Shell(shell.to_owned()),
             user: defaults.user.clone(),
             cwd: defaults.workdir.clone(),
             envs: defaults.env.clone(),
