@@ -23,6 +23,7 @@ fi
 export AIRLOCK_TEST_DATA_DIR
 
 scripts/prepare.sh "$AIRLOCK_TEST_DATA_DIR"
+scripts/install-test-deps.sh
 echo "==> formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets --quiet -- -D warnings

@@ -97,10 +97,17 @@ def use_server(srv: Server):
     os.environ.pop("E2B_DEBUG", None)
 
 
-def start_server(data_dir: Path) -> Server:
-    """Starts `airlock serve` on a free port over `data_dir` and points the SDK at it."""
+def start_server(data_dir: Path, extra_args=()) -> Server:
+    """Starts `airlock serve` on a free port over `data_dir` (with more `serve` flags, if any)
+    and points the SDK at it."""
     data_dir.mkdir(parents=True, exist_ok=True)
     srv = Server(data_dir, free_port())
+    srv.extra_args = list(extra_args)
     srv.start()
     use_server(srv)
     return srv
+
+
+def build_messages(logs):
+    """The messages of a template build's log entries (`on_build_logs`)."""
+    return [str(entry.message) for entry in logs]

@@ -11,15 +11,47 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import AIRLOCK, API_KEY, host_leftovers, start_server  # noqa: E402,F401
+from images import Registry  # noqa: E402
+
 
 @pytest.fixture(scope="session")
-def server():
+def registry():
+    """A real OCI registry on loopback (see tests/images.py); the server may pull from it."""
+    reg = Registry()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="session")
+def server(registry):
     if not os.environ.get("AIRLOCK_TEST_DATA_DIR"):
         pytest.exit("run ./test.sh, or set AIRLOCK_TEST_DATA_DIR to a data dir that "
                     "scripts/prepare.sh has prepared", returncode=2)
-    srv = start_server(Path(os.environ["AIRLOCK_TEST_DATA_DIR"]))
+    srv = start_server(Path(os.environ["AIRLOCK_TEST_DATA_DIR"]),
+                       ["--insecure-registry", registry.address])
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def names(server):
+    """Template names for one test; each is deleted afterwards (with its key's API key)."""
+    from e2b import Sandbox
+
+    made = []
+
+    def make(api_key=None):
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        made.append((name, api_key))
+        return name
+
+    yield make
+    for name, api_key in made:
+        kwargs = {"api_key": api_key} if api_key else {}
+        try:
+            Sandbox.delete_snapshot(name, **kwargs)
+        except Exception:
+            pass
 
 
 # Airlock's create-body extension, which the SDK has no argument for.

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# What the integration tests need beyond what Airlock needs (scripts/install-deps.sh): a real OCI
+# registry (Debian's `docker-registry`, the CNCF distribution registry) and real OCI tools to
+# make images and push them to it (`umoci`, `skopeo`), and musl's compiler for an image with no
+# glibc in it. Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+missing=()
+for pkg in docker-registry skopeo umoci musl-tools; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "airlock: installing ${missing[*]} (for the tests)"
+  apt-get update -qq
+  # The package would start a registry service on :5000; the tests start their own.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

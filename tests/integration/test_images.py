@@ -1,0 +1,139 @@
+"""Templates `from_image`: real images in a real registry on loopback (tests/images.py), pulled
+by the server, each layer applied inside a build sandbox, then provisioned with what a sandbox
+needs. One image is Debian with pip, the other BusyBox and musl with no glibc or bash."""
+
+from pathlib import Path
+
+import pytest
+from e2b import BuildException, Sandbox, Template
+
+from harness import build_messages as messages
+from images import debian_layout, musl_layout
+
+
+@pytest.fixture(scope="module")
+def debian_image(registry):
+    return registry.push(debian_layout(), "latest", "test/debian:1")
+
+
+@pytest.fixture(scope="module")
+def musl_image(registry):
+    return registry.push(musl_layout(), "latest", "test/musl:1")
+
+
+def test_a_debian_image_with_a_pip_step_starts_sandboxes_as_user(names, debian_image):
+    name = names()
+    logs = []
+    definition = lambda: (Template().from_image(debian_image)  # noqa: E731
+                          .pip_install(["six"])
+                          .run_cmd("echo $IMAGE_FLAVOUR > /home/user/flavour"))
+    Template.build(definition(), name, on_build_logs=logs.append)
+    text = "\n".join(messages(logs))
+    assert f"FROM image {debian_image}" in text, text
+
+    sbx = Sandbox.create(name)
+    try:
+        run = sbx.commands.run(
+            "whoami; pwd; cat /home/user/flavour; python3 -c 'import six; print(six.__name__)'; "
+            "grep -c '^user:' /etc/passwd; "
+            "test -e /etc/sudoers.d/user && echo whiteout-missed || echo whiteout-applied")
+        assert run.stdout.split() == [
+            "user", "/home/user", "debian", "six", "1", "whiteout-applied"], run.stdout
+        sudoers = sbx.commands.run("cat /etc/sudoers.d/airlock-user", user="root").stdout
+        assert sudoers == "user ALL=(ALL:ALL) NOPASSWD: ALL\n", sudoers
+        # The host's CA bundle (this image's own login profile points pip at its own copy).
+        bundle = sbx.files.read("/etc/airlock/ca-certificates.crt")
+        assert bundle == Path("/etc/ssl/certs/ca-certificates.crt").read_text()
+    finally:
+        sbx.kill()
+
+    # Built again: nothing is downloaded and every layer comes from the cache.
+    again = []
+    Template.build(definition(), name, on_build_logs=again.append)
+    text = messages(again)
+    assert not any("downloading" in m for m in text), text
+    assert any(m.endswith("cached") and m.startswith("layer ") for m in text), text
+    # 3 image layers, provisioning, pip and the RUN.
+    assert text.count("CACHED") >= 5, text
+
+
+def test_a_musl_image_without_glibc_or_bash_runs_commands(names, musl_image):
+    name = names()
+    Template.build(Template().from_image(musl_image).run_cmd("hello > /home/user/built"), name)
+    sbx = Sandbox.create(name)
+    try:
+        # The SDK runs `/bin/bash -l -c`; there is no bash, so the agent uses sh.
+        run = sbx.commands.run("hello; cat /home/user/built; whoami; pwd; ls /lib")
+        lines = run.stdout.split()
+        assert lines[:6] == ["hello", "from", "musl", "hello", "from", "musl"], run.stdout
+        assert lines[6:8] == ["user", "/tmp"], run.stdout
+        assert "ld-musl-x86_64.so.1" in lines[8:], run.stdout
+        assert sbx.commands.run("test -e /lib/x86_64-linux-gnu || echo no-glibc").stdout.strip() \
+            == "no-glibc"
+        # The image's env, and TLS clients pointed at the host's CA bundle.
+        env = sbx.commands.run("echo $IMAGE_FLAVOUR $PIP_CERT").stdout.split()
+        assert env == ["musl", "/etc/airlock/ca-certificates.crt"], env
+        # Files move in and out as in any sandbox.
+        sbx.files.write("/tmp/in.txt", "data")
+        assert sbx.files.read("/tmp/in.txt") == "data"
+    finally:
+        sbx.kill()
+
+
+def test_an_image_that_does_not_exist_fails_with_the_registrys_words(names, registry):
+    name = names()
+    with pytest.raises(BuildException) as err:
+        Template.build(Template().from_image(f"{registry.address}/test/nothing:1"), name)
+    text = str(err.value)
+    assert "test/nothing" in text and "manifest unknown" in text.lower(), text
+    assert not Template.exists(name)
+
+
+def test_a_registry_at_a_private_address_needs_the_operator(names, registry):
+    """Only the registry the server was started with `--insecure-registry` for is reachable
+    on loopback (the test above is the positive control): another loopback port is refused
+    before anything is fetched."""
+    name = names()
+    with pytest.raises(BuildException) as err:
+        Template.build(Template().from_image("127.0.0.1:9/test/debian:1"), name)
+    text = str(err.value)
+    assert "private address" in text and "--insecure-registry 127.0.0.1:9" in text, text
+
+
+def test_bad_registry_credentials_are_refused_before_the_build(names, registry):
+    name = names()
+    # The SDK offers AWS keys; this server cannot turn them into a token and says so.
+    template = Template().from_aws_registry(f"{registry.address}/test/debian:1",
+                                            access_key_id="a", secret_access_key="b",
+                                            region="us-east-1")
+    with pytest.raises(Exception) as err:
+        Template.build(template, name)
+    assert "aws ecr get-login-password" in str(err.value), err.value
+
+
+def test_a_dockerfile_through_the_sdk(names, debian_image, tmp_path):
+    """`from_dockerfile`: the SDK parses it into an image and steps; CMD is the start command,
+    so its server already answers when the sandbox starts."""
+    (tmp_path / "index.html").write_text("served from the image\n")
+    dockerfile = (
+        f"FROM {debian_image}\n"
+        "ARG GREETING=hello\n"
+        "ENV MODE=prod\n"
+        "WORKDIR /srv\n"
+        "COPY index.html /srv/index.html\n"
+        "RUN echo \"$GREETING $MODE\" > /srv/built.txt\n"
+        'CMD ["python3", "-m", "http.server", "8000"]\n'
+    )
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    name = names()
+    template = Template(file_context_path=str(tmp_path)).from_dockerfile(
+        str(tmp_path / "Dockerfile"))
+    Template.build(template, name)
+    sbx = Sandbox.create(name)
+    try:
+        run = sbx.commands.run("cat /srv/built.txt; curl -fsS http://127.0.0.1:8000/index.html; "
+                               "whoami; echo $MODE")
+        assert run.stdout.split("\n")[:4] == [
+            "hello prod", "served from the image", "user", "prod"], run.stdout
+    finally:
+        sbx.kill()
