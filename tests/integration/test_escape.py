@@ -99,14 +99,16 @@ def api_on_all_addresses(server):
     """Restarts the server listening on every host address, so that the control API is there to
     be reached from a sandbox; `extra_args` sets more flags. Restores it afterwards."""
 
+    saved = (server.listen_host, list(server.extra_args))
+
     def restart(*extra_args):
         server.stop()
-        server.listen_host, server.extra_args = "0.0.0.0", list(extra_args)
+        server.listen_host, server.extra_args = "0.0.0.0", saved[1] + list(extra_args)
         server.start()
 
     yield restart
     server.stop()
-    server.listen_host, server.extra_args = "127.0.0.1", []
+    server.listen_host, server.extra_args = saved
     server.start()
 
 

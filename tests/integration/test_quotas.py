@@ -13,12 +13,13 @@ from conftest import airlock_key
 @pytest.fixture
 def small_server(server):
     """The server restarted with room for 8 sandboxes; restored afterwards."""
+    saved = list(server.extra_args)
     server.stop()
-    server.extra_args = ["--max-sandboxes", "8"]
+    server.extra_args = saved + ["--max-sandboxes", "8"]
     server.start()
     yield server
     server.stop()
-    server.extra_args = []
+    server.extra_args = saved
     server.start()
 
 
