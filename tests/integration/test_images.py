@@ -2,11 +2,13 @@
 by the server, each layer applied inside a build sandbox, then provisioned with what a sandbox
 needs. One image is Debian with pip, the other BusyBox and musl with no glibc or bash."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
 from e2b import BuildException, Sandbox, Template
 
+from conftest import AIRLOCK, API_KEY
 from harness import build_messages as messages
 from images import debian_layout, musl_layout
 
@@ -137,3 +139,73 @@ def test_a_dockerfile_through_the_sdk(names, debian_image, tmp_path):
             "hello prod", "served from the image", "user", "prod"], run.stdout
     finally:
         sbx.kill()
+
+
+def airlock_cli(server, *args, timeout=900):
+    return subprocess.run([str(AIRLOCK), "--url", server.url, "--api-key", API_KEY, *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_cli_builds_a_dockerfile(server, names, debian_image, tmp_path):
+    """`airlock template build -f Dockerfile -n NAME CONTEXT`: Airlock parses the Dockerfile
+    itself, uploads COPY's files, prints the build's log as it goes, and the template's
+    start command (its CMD) already answers when a sandbox starts."""
+    ctx = tmp_path / "ctx"
+    (ctx / "site").mkdir(parents=True)
+    (ctx / "site" / "index.html").write_text("served by the Dockerfile's CMD\n")
+    (ctx / "site" / "link").symlink_to("index.html")
+    (ctx / "setup.sh").write_text("echo \"set up in $PWD for $GREETING\" > done.txt\n")
+    (tmp_path / "Dockerfile").write_text(
+        f"ARG IMAGE={debian_image}\n"
+        "FROM $IMAGE\n"
+        "ARG GREETING=hello\n"
+        "ENV MODE=prod \\\n    SITE=/srv/site\n"
+        "WORKDIR /srv\n"
+        "COPY site/ $SITE/\n"
+        "COPY --chmod=0755 setup.sh /tmp/\n"
+        "RUN sh /tmp/setup.sh\n"
+        "EXPOSE 8000\n"
+        "USER user\n"
+        'CMD ["python3", "-m", "http.server", "8000", "--directory", "/srv/site"]\n'
+    )
+    name = names()
+    args = ["template", "build", "-f", str(tmp_path / "Dockerfile"), "-n", name,
+            "--ready-cmd", "curl -fs http://127.0.0.1:8000/", str(ctx)]
+    built = airlock_cli(server, *args)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "ignored line 10: EXPOSE" in built.stderr, built.stderr
+    # Each log line carries the seconds since the command began, then the step.
+    assert any(line.strip().startswith(tuple("0123456789")) and "RUN sh /tmp/setup.sh" in line
+               for line in built.stdout.splitlines()), built.stdout
+    assert "built in" in built.stdout, built.stdout
+
+    sbx = Sandbox.create(name)
+    try:
+        run = sbx.commands.run("whoami; pwd; echo $MODE $GREETING; cat /srv/done.txt; "
+                               "readlink /srv/site/link; curl -fsS http://127.0.0.1:8000/")
+        assert run.stdout.splitlines() == [
+            "user", "/srv", "prod hello", "set up in /srv for hello", "index.html",
+            "served by the Dockerfile's CMD"], run.stdout
+    finally:
+        sbx.kill()
+
+    again = airlock_cli(server, *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "the server has these files already" in again.stdout, again.stdout
+    assert "CACHED" in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("HEALTHCHECK CMD true", "line 3: HEALTHCHECK is not supported"),
+    ("COPY missing.txt /srv/", "COPY missing.txt: missing.txt is not in the build context"),
+    ("RUN --mount=type=cache,target=/root/.cache true", "line 3: RUN --mount is not supported"),
+])
+def test_the_cli_refuses_what_it_cannot_build_before_making_anything(
+        server, names, debian_image, tmp_path, line, expected):
+    (tmp_path / "Dockerfile").write_text(f"FROM {debian_image}\nRUN true\n{line}\n")
+    name = names()
+    failed = airlock_cli(server, "template", "build", "-f", str(tmp_path / "Dockerfile"),
+                         "-n", name, timeout=60)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert expected in failed.stderr, failed.stderr
+    assert not Template.exists(name)

@@ -1,7 +1,9 @@
-//! Client commands: `airlock sandbox …` talks to a running server over its API; `airlock
-//! template …` works on the local data dir.
+//! Client commands: `airlock sandbox …` talks to a running server over its API, as does
+//! `airlock template build -f`; the other `airlock template …` commands work on the local data
+//! dir.
 
 use crate::data_dir::DataDir;
+use crate::dockerfile_build::DockerfileBuild;
 use airlock_core::ids::TemplateName;
 use airlock_core::store::{KeyLimits, Store};
 use airlock_wire::api::{ErrorBody, SandboxDetail};
@@ -51,9 +53,69 @@ pub enum SandboxCommand {
 pub enum TemplateCommand {
     /// List built templates.
     Ls,
-    /// Build a template's root filesystem (needs root; reuses the cache when nothing changed).
-    /// Known templates: base, code-interpreter-v1.
-    Build { name: String },
+    /// Build a template.
+    ///
+    /// `airlock template build -f Dockerfile -n NAME [CONTEXT]` builds a Dockerfile on the
+    /// running server, for your API key, as the SDK's `Template.build` does: FROM an image in
+    /// any OCI registry, RUN, COPY/ADD of local files, ENV, ARG, WORKDIR, USER, and CMD or
+    /// ENTRYPOINT as the start command that is already running when a sandbox starts. Steps
+    /// whose inputs did not change come from the cache. Then `Sandbox.create("NAME")`.
+    ///
+    /// `airlock template build base` (or code-interpreter-v1) builds a built-in template's
+    /// root filesystem on this host instead (needs root; reuses the cache when nothing
+    /// changed).
+    Build {
+        /// With -f: the build context, where COPY finds its sources [default: the Dockerfile's
+        /// directory]. Without: the built-in template to build (base, code-interpreter-v1).
+        #[arg(required_unless_present = "file")]
+        target: Option<String>,
+        /// The Dockerfile to build.
+        #[arg(short = 'f', long = "file", requires = "name")]
+        file: Option<PathBuf>,
+        /// The template's name, which sandboxes are created from.
+        #[arg(short = 'n', long, requires = "file")]
+        name: Option<String>,
+        /// CPUs for the template's sandboxes [default: the server's].
+        #[arg(long, requires = "file")]
+        cpu_count: Option<u32>,
+        /// Memory for the template's sandboxes, in MiB [default: the server's].
+        #[arg(long, requires = "file")]
+        memory_mb: Option<u32>,
+        /// A shell command that must exit 0 before the start command counts as ready, e.g.
+        /// `curl -fs localhost:8000` [default: wait 20 s, as E2B does].
+        #[arg(long, requires = "file")]
+        ready_cmd: Option<String>,
+        /// Run every step again, even those in the cache.
+        #[arg(long, requires = "file")]
+        no_cache: bool,
+    },
+}
+
+impl TemplateCommand {
+    /// A Dockerfile build (which goes to the server), or the command as it was (which works
+    /// on the data dir).
+    pub fn into_dockerfile_build(self) -> Result<DockerfileBuild, TemplateCommand> {
+        match self {
+            TemplateCommand::Build {
+                target,
+                file: Some(dockerfile),
+                name: Some(name),
+                cpu_count,
+                memory_mb,
+                ready_cmd,
+                no_cache,
+            } => Ok(DockerfileBuild {
+                dockerfile,
+                name,
+                context: target.map(PathBuf::from),
+                cpu_count,
+                memory_mb,
+                ready_cmd,
+                no_cache,
+            }),
+            other => Err(other),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -140,7 +202,7 @@ impl Client {
         req
     }
 
-    async fn send(
+    pub(crate) async fn send(
         &self,
         req: hyper::Request<Body>,
     ) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
@@ -154,12 +216,12 @@ impl Client {
     }
 
     /// Sends a bodyless API call and returns the body of a 2xx answer.
-    async fn call(&self, method: &str, path: &str) -> Result<Vec<u8>, CliError> {
+    pub(crate) async fn call(&self, method: &str, path: &str) -> Result<Vec<u8>, CliError> {
         self.call_with(method, path, Body::empty()).await
     }
 
     /// Sends an API call with a JSON body and returns the body of a 2xx answer.
-    async fn call_json(
+    pub(crate) async fn call_json(
         &self,
         method: &str,
         path: &str,
@@ -402,7 +464,14 @@ pub async fn template(cmd: TemplateCommand, data: &DataDir) -> Result<ExitCode, 
             print_table(&["NAME", "HASH", "SIZE", "BUILT"], &rows);
             Ok(ExitCode::SUCCESS)
         }
-        TemplateCommand::Build { name } => {
+        TemplateCommand::Build { target: None, .. } => Err(CliError::Failed(
+            "name a built-in template (base, code-interpreter-v1), or a Dockerfile with -f \
+             Dockerfile -n NAME"
+                .into(),
+        )),
+        TemplateCommand::Build {
+            target: Some(name), ..
+        } => {
             let parsed = TemplateName::parse(&name).map_err(|e| CliError::Failed(e.to_string()))?;
             let recipe = airlock_core::template::recipe(&parsed).ok_or_else(|| {
                 CliError::Failed(format!(

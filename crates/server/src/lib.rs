@@ -5,6 +5,8 @@ pub mod agent_client;
 pub mod api;
 pub mod cli;
 pub mod data_dir;
+pub mod dockerfile;
+pub mod dockerfile_build;
 pub mod error;
 pub mod listen;
 pub mod proxy;

@@ -102,6 +102,11 @@ enum Command {
         /// name cannot make the server reach what only it can reach. Repeat for several.
         #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
         insecure_registries: Vec<String>,
+        /// MiB that template builds leave free on the disk of the templates dir: a build step
+        /// that takes it below this is stopped and its build fails, so that no build fills the
+        /// host's disk.
+        #[arg(long, default_value_t = 2048, env = "AIRLOCK_BUILD_MIN_FREE_MB")]
+        build_min_free_mb: u64,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
@@ -173,6 +178,7 @@ async fn run(cli: Cli) -> ExitCode {
             max_disk_mb,
             ready_timeout,
             insecure_registries,
+            build_min_free_mb,
             insecure_open_network,
         } => serve::serve(serve::ServeOptions {
             listen,
@@ -180,6 +186,7 @@ async fn run(cli: Cli) -> ExitCode {
             templates_dir: cli.templates_dir.clone(),
             agent_binary: agent_bin,
             insecure_registries,
+            build_min_free_mb,
             insecure_open_network,
             limits: Limits {
                 max_sandboxes,
@@ -203,9 +210,12 @@ async fn run(cli: Cli) -> ExitCode {
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
-        Command::Template(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
-            Ok(data) => cli::template(cmd, &data).await,
-            Err(e) => Err(e),
+        Command::Template(cmd) => match cmd.into_dockerfile_build() {
+            Ok(build) => airlock_server::dockerfile_build::run(client(), build).await,
+            Err(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
+                Ok(data) => cli::template(cmd, &data).await,
+                Err(e) => Err(e),
+            },
         },
         Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
             .and_then(|data| cli::key(cmd, &data)),

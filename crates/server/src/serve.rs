@@ -3,7 +3,7 @@
 use crate::agent_client::HttpAgentClient;
 use crate::data_dir::DataDir;
 use crate::{api, listen, proxy, AppState, AppStateInner};
-use airlock_core::build::Builder;
+use airlock_core::build::{BuildOptions, Builder};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits};
 use airlock_core::store::{KeyLimits, Store};
@@ -29,6 +29,8 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Registries `from_image` may reach over HTTP and at private addresses.
     pub insecure_registries: Vec<String>,
+    /// A build step is stopped when the templates disk has less than this free.
+    pub build_min_free_mb: u64,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
 }
@@ -140,8 +142,11 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         agent,
         lifecycle.clone(),
         data.templates(),
-        BUILDS_AT_ONCE,
-        opts.insecure_registries,
+        BuildOptions {
+            at_once: BUILDS_AT_ONCE,
+            insecure_registries: opts.insecure_registries,
+            min_free_bytes: opts.build_min_free_mb << 20,
+        },
     );
     // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.
     builder

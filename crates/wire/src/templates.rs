@@ -19,7 +19,7 @@ pub struct TemplateBuildRequest {
 }
 
 /// The answer to [`TemplateBuildRequest`] (status 202; every field is required by the SDK).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildCreated {
     #[serde(rename = "templateID")]
@@ -75,7 +75,7 @@ pub struct BuildStatusQuery {
     pub limit: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BuildStatusBody {
     #[serde(rename = "templateID")]
@@ -92,7 +92,7 @@ pub struct BuildStatusBody {
     pub reason: Option<BuildFailureReason>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildLogEntry {
     /// ISO 8601.
     pub timestamp: String,
@@ -103,7 +103,7 @@ pub struct BuildLogEntry {
     pub step: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildFailureReason {
     pub message: String,
     /// `base`, a 1-based step index, or `finalize`.
@@ -121,7 +121,7 @@ pub struct TemplateAlias {
 
 /// `GET /templates/{id}/files/{hash}` (status 201): whether the server has a `COPY`'s files,
 /// and where to `PUT` them.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TemplateFileUpload {
     pub present: bool,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -5,7 +5,7 @@
 //! layers plus its own, stacked into one read-only rootfs, recorded in the store like a
 //! built-in; golden images and pools then take it up.
 //!
-//! Builds take turns ([`Builder::new`]'s `at_once`), so that they never take the cores the
+//! Builds take turns ([`BuildOptions::at_once`]), so that they never take the cores the
 //! running sandboxes need.
 
 pub mod copy;
@@ -19,6 +19,7 @@ use crate::ids::TemplateName;
 use crate::lifecycle::{AgentClient, Lifecycle};
 use crate::store::{BuildStatus, LogEntry, LogLevel, Store, StoreError, TemplateRecord};
 use layers::Layers;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -108,6 +109,20 @@ pub struct Builder {
     pub uploads: uploads::Uploads,
     registries: image::Registries,
     turns: Semaphore,
+    /// Where layers are written, and how much of its disk a step must leave free.
+    templates_dir: PathBuf,
+    min_free_bytes: u64,
+}
+
+/// How builds run on this host (`airlock serve`'s flags).
+pub struct BuildOptions {
+    /// Builds at once; more wait with status `waiting`.
+    pub at_once: usize,
+    /// Registries `from_image` may reach over HTTP and at private addresses.
+    pub insecure_registries: Vec<String>,
+    /// A step is stopped, and its build fails, when the disk its layer is written to has less
+    /// than this free: a build must never fill the host's disk.
+    pub min_free_bytes: u64,
 }
 
 /// One build to run: the store has its row (status `waiting`).
@@ -125,8 +140,7 @@ impl Builder {
         agent: Arc<dyn AgentClient>,
         lifecycle: Arc<Lifecycle>,
         templates_dir: &std::path::Path,
-        at_once: usize,
-        insecure_registries: Vec<String>,
+        options: BuildOptions,
     ) -> Arc<Self> {
         Arc::new(Builder {
             store,
@@ -135,8 +149,10 @@ impl Builder {
             lifecycle,
             layers: Layers::new(templates_dir),
             uploads: uploads::Uploads::new(templates_dir),
-            registries: image::Registries::new(templates_dir, insecure_registries),
-            turns: Semaphore::new(at_once.max(1)),
+            registries: image::Registries::new(templates_dir, options.insecure_registries),
+            turns: Semaphore::new(options.at_once.max(1)),
+            templates_dir: templates_dir.to_owned(),
+            min_free_bytes: options.min_free_bytes,
         })
     }
 

@@ -364,9 +364,13 @@ impl Builder {
             };
             log.write(level, Some(label.to_owned()), &line.text);
         };
-        let result = match self.agent.wait_ready(placement.agent, AGENT_START).await {
-            Ok(()) => self.agent.run(placement.agent, command, &mut output).await,
-            Err(e) => Err(e),
+        let run = async {
+            self.agent.wait_ready(placement.agent, AGENT_START).await?;
+            self.agent.run(placement.agent, command, &mut output).await
+        };
+        let result = tokio::select! {
+            result = run => result.map_err(|e| e.to_string()),
+            low = self.disk_runs_low() => Err(low),
         };
         if let Err(e) = self.driver.destroy(&spec.id, placement.slot).await {
             tracing::warn!(build = %job.build_id, error = %e, "removing a build sandbox failed");
@@ -384,6 +388,25 @@ impl Builder {
                 work.shown,
                 tail.join("\n")
             )),
+        }
+    }
+
+    /// Returns (with why) once the disk that layers are written to has less than
+    /// `min_free_bytes` free; checked every 250 ms while a step runs.
+    async fn disk_runs_low(&self) -> String {
+        loop {
+            if let Ok(stat) = nix::sys::statvfs::statvfs(&self.templates_dir) {
+                let free = stat.blocks_available() * stat.fragment_size();
+                if free < self.min_free_bytes {
+                    return format!(
+                        "the server's disk is nearly full ({} MiB free; builds leave {} MiB \
+                         free, see `airlock serve --build-min-free-mb`), so the step was stopped",
+                        free >> 20,
+                        self.min_free_bytes >> 20
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 

@@ -1,0 +1,277 @@
+//! `airlock template build -f Dockerfile -n NAME [CONTEXT]`: builds a Dockerfile on the running
+//! server through the same API the SDK's template builder uses (`POST /v3/templates`, the COPY
+//! uploads, `POST /v2/templates/{id}/builds/{build}`, then the build's status and logs).
+
+use crate::cli::{CliError, Client};
+use crate::dockerfile::{self, PlanStep};
+use airlock_wire::templates::{BuildStatusBody, TemplateBuildCreated, TemplateFileUpload};
+use axum::body::Body;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::io::{Seek, SeekFrom};
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+pub struct DockerfileBuild {
+    pub dockerfile: PathBuf,
+    pub name: String,
+    /// Where COPY's sources are; the Dockerfile's directory by default.
+    pub context: Option<PathBuf>,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u32>,
+    /// A command that must succeed before the start command counts as ready.
+    pub ready_cmd: Option<String>,
+    /// Run every step again, cached or not.
+    pub no_cache: bool,
+}
+
+pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliError> {
+    let started = Instant::now();
+    let text = std::fs::read_to_string(&opts.dockerfile)
+        .map_err(|e| CliError::Failed(format!("reading {}: {e}", opts.dockerfile.display())))?;
+    let plan = dockerfile::plan(&text)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", opts.dockerfile.display())))?;
+    for note in &plan.ignored {
+        eprintln!("{}: ignored {note}", opts.dockerfile.display());
+    }
+    let context = match &opts.context {
+        Some(dir) => dir.clone(),
+        None => opts
+            .dockerfile
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_owned(),
+    };
+
+    // Every COPY's files are packed first: a missing source fails before anything is made.
+    let mut packed = Vec::new();
+    for step in &plan.steps {
+        if let PlanStep::Copy { src, dest, .. } = step {
+            packed.push(pack(&context, src, dest)?);
+        }
+    }
+
+    let created: TemplateBuildCreated = parse(
+        &client
+            .call_json(
+                "POST",
+                "/v3/templates",
+                &json!({ "name": opts.name, "cpuCount": opts.cpu_count, "memoryMB": opts.memory_mb }),
+            )
+            .await?,
+    )?;
+    let (template, build) = (&created.template_id, &created.build_id);
+    for files in &packed {
+        upload(&client, template, files).await?;
+    }
+
+    let mut hashes = packed.iter().map(|files| &files.hash);
+    let mut steps = Vec::new();
+    for step in &plan.steps {
+        let mut wire = match step {
+            PlanStep::Run(command) => json!({ "type": "RUN", "args": [command] }),
+            PlanStep::Env(pairs) => json!({
+                "type": "ENV",
+                "args": pairs.iter().flat_map(|(k, v)| [k, v]).collect::<Vec<_>>(),
+            }),
+            PlanStep::Workdir(dir) => json!({ "type": "WORKDIR", "args": [dir] }),
+            PlanStep::User(user) => json!({ "type": "USER", "args": [user] }),
+            PlanStep::Copy {
+                src,
+                dest,
+                owner,
+                mode,
+            } => json!({
+                "type": "COPY",
+                "args": [src, dest, owner, mode],
+                "filesHash": hashes.next(),
+            }),
+        };
+        wire["force"] = opts.no_cache.into();
+        steps.push(wire);
+    }
+    let definition = json!({
+        "fromImage": plan.from_image,
+        "steps": steps,
+        "force": opts.no_cache,
+        "startCmd": plan.start_cmd,
+        "readyCmd": opts.ready_cmd,
+    });
+    client
+        .call_json(
+            "POST",
+            &format!("/v2/templates/{template}/builds/{build}"),
+            &definition,
+        )
+        .await?;
+    println!(
+        "building {} (template {template}, build {build})",
+        opts.name
+    );
+    follow(&client, template, build, started).await
+}
+
+/// Prints the build's log as it grows, each line with the seconds since the command began,
+/// until the build is ready (exit 0) or failed (exit 1, with the server's reason).
+async fn follow(
+    client: &Client,
+    template: &str,
+    build: &str,
+    started: Instant,
+) -> Result<ExitCode, CliError> {
+    let mut offset = 0;
+    loop {
+        let path = format!("/templates/{template}/builds/{build}/status?logsOffset={offset}");
+        let status: BuildStatusBody = parse(&client.call("GET", &path).await?)?;
+        offset += status.log_entries.len();
+        for entry in &status.log_entries {
+            let step = entry.step.as_deref().unwrap_or("");
+            println!(
+                "{:>7.1}s {step:>8} | {}",
+                started.elapsed().as_secs_f64(),
+                entry.message
+            );
+        }
+        match status.status.as_str() {
+            "ready" => return Ok(ExitCode::SUCCESS),
+            "error" => {
+                let reason = status.reason.map(|r| r.message).unwrap_or_default();
+                return Err(CliError::Failed(format!("the build failed: {reason}")));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// What one COPY takes from the context, packed as a tar, and the hash that names it.
+struct Packed {
+    src: String,
+    hash: String,
+    archive: std::fs::File,
+}
+
+fn pack(context: &Path, src: &str, dest: &str) -> Result<Packed, CliError> {
+    let failed = |e: std::io::Error| CliError::Failed(format!("COPY {src}: {e}"));
+    let base = copy_base(src)?;
+    let on_disk = context.join(&base);
+    if std::fs::symlink_metadata(&on_disk).is_err() {
+        return Err(CliError::Failed(format!(
+            "COPY {src}: {} is not in the build context {}",
+            base.display(),
+            context.display()
+        )));
+    }
+    let mut archive = tempfile::tempfile().map_err(failed)?;
+    let mut tar = tar::Builder::new(&mut archive);
+    tar.follow_symlinks(false);
+    if base == Path::new(".") {
+        for entry in std::fs::read_dir(context).map_err(failed)? {
+            let entry = entry.map_err(failed)?;
+            append(&mut tar, &entry.path(), Path::new(&entry.file_name())).map_err(failed)?;
+        }
+    } else {
+        append(&mut tar, &on_disk, &base).map_err(failed)?;
+    }
+    tar.into_inner().map_err(failed)?;
+
+    let mut hasher = Sha256::new();
+    for part in [src, "\0", dest, "\0"] {
+        hasher.update(part.as_bytes());
+    }
+    archive.seek(SeekFrom::Start(0)).map_err(failed)?;
+    std::io::copy(&mut archive, &mut hasher).map_err(failed)?;
+    Ok(Packed {
+        src: src.to_owned(),
+        hash: hex::encode(hasher.finalize()),
+        archive,
+    })
+}
+
+/// Uploads packed files unless the server has them already (from an earlier build).
+async fn upload(client: &Client, template: &str, files: &Packed) -> Result<(), CliError> {
+    let src = &files.src;
+    let path = format!("/templates/{template}/files/{}", files.hash);
+    let link: TemplateFileUpload = parse(&client.call("GET", &path).await?)?;
+    if link.present {
+        println!("COPY {src}: the server has these files already");
+        return Ok(());
+    }
+    let url = link
+        .url
+        .ok_or_else(|| CliError::Failed(format!("COPY {src}: the server gave no upload link")))?;
+    let archive = files
+        .archive
+        .try_clone()
+        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .map_err(|e| CliError::Failed(format!("COPY {src}: {e}")))?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(archive));
+    let req = hyper::Request::put(&url)
+        .body(Body::from_stream(stream))
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let resp = client.send(req).await?;
+    if !resp.status().is_success() {
+        return Err(CliError::Failed(format!(
+            "COPY {src}: the upload was refused ({})",
+            resp.status()
+        )));
+    }
+    Ok(())
+}
+
+/// The part of a COPY source before any glob: the file or directory to pack (the build
+/// sandbox matches the glob itself). Never outside the context.
+fn copy_base(src: &str) -> Result<PathBuf, CliError> {
+    let mut base = PathBuf::new();
+    for component in Path::new(src).components() {
+        match component {
+            Component::Normal(part) if part.to_string_lossy().contains(['*', '?', '[']) => break,
+            Component::Normal(part) => base.push(part),
+            Component::CurDir => {}
+            _ => {
+                return Err(CliError::Failed(format!(
+                    "COPY {src}: a source must be a path inside the build context"
+                )))
+            }
+        }
+    }
+    Ok(if base.as_os_str().is_empty() {
+        ".".into()
+    } else {
+        base
+    })
+}
+
+fn append(
+    tar: &mut tar::Builder<&mut std::fs::File>,
+    path: &Path,
+    name: &Path,
+) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        tar.append_dir_all(name, path)
+    } else {
+        tar.append_path_with_name(path, name)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
+    serde_json::from_slice(body)
+        .map_err(|e| CliError::Failed(format!("the server's answer was not understood: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_packs_what_its_source_names_and_never_climbs_out() {
+        assert_eq!(copy_base("app/").unwrap(), Path::new("app"));
+        assert_eq!(copy_base("./src/*.py").unwrap(), Path::new("src"));
+        assert_eq!(copy_base("*.txt").unwrap(), Path::new("."));
+        assert_eq!(copy_base(".").unwrap(), Path::new("."));
+        for bad in ["../secret", "/etc/passwd", "a/../../b"] {
+            assert!(copy_base(bad).is_err(), "{bad}");
+        }
+    }
+}
