@@ -22,7 +22,7 @@ case "$suite" in
   startup) .venv/bin/python bench/startup.py --data-dir "$DATA_DIR" "$@" ;;
   interpreter) .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" "$@" ;;
   restart) .venv/bin/python bench/restart.py --data-dir "$DATA_DIR" "$@" ;;
-  templates) .venv/bin/python bench/templates.py --data-dir "$DATA_DIR" "$@" ;;
+  templates) scripts/install-test-deps.sh; .venv/bin/python bench/templates.py --data-dir "$DATA_DIR" "$@" ;;
   all)
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo

@@ -1,6 +1,9 @@
 """Benchmark (not a test): users' templates, built through the stock e2b SDK's `Template.build`.
 
-Starts its own `airlock serve`, then reports:
+Starts its own `airlock serve` and a local OCI registry (tests/images.py), then reports:
+  * a cold build of `from_image(<the Debian test image in that registry>)` + the same pip step
+    (blobs deleted and every step forced, so it pulls, unpacks, provisions and runs pip), and
+    the same definition rebuilt from the cache;
   * a cold build of `from_template("base")` + `pip_install(["requests"])` (the pip step forced
     with `skip_cache`, so it really runs), and the same definition rebuilt from the cache;
   * the disk use of 5 templates derived from `base` (each: that pip step plus a step of its
@@ -14,6 +17,7 @@ Run it with bench/run.sh templates (which builds everything first)."""
 import argparse
 import http.client
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness import Server, free_port, use_server  # noqa: E402
+from images import Registry, debian_layout  # noqa: E402
 from startup import row, timed, wait_for_pools  # noqa: E402
 
 MB = 1_000_000
@@ -52,7 +57,9 @@ def main():
     args = ap.parse_args()
     n = args.iterations
 
+    registry = Registry()
     srv = Server(Path(args.data_dir), free_port())
+    srv.extra_args = ["--insecure-registry", registry.address]
     srv.log.write_text("")
     srv.start()
     use_server(srv)
@@ -93,6 +100,21 @@ def main():
         print(f"6 templates derived from base (the pip one, and 5 more with a step each on it): "
               f"{len(written)} layers, {grown / MB:.1f} MB on disk in all; base itself is "
               f"{base_size / MB:.0f} MB, so 6 copies of it would be {6 * base_size / MB:.0f} MB")
+
+        layout = debian_layout()
+        image = registry.push(layout, "latest", "bench/debian:1")
+
+        def from_image():
+            return Template().from_image(image).pip_install(["requests"])
+
+        # Cold: no blob kept, every layer unpacked again (nothing else builds meanwhile).
+        shutil.rmtree(templates_dir / "blobs", ignore_errors=True)
+        pulled = name("image")
+        cold = build_seconds(from_image(), pulled, skip_cache=True)
+        cached = build_seconds(from_image(), pulled)
+        print(f"from_image(Debian, {du_bytes(layout / 'blobs') / MB:.0f} MB compressed in a local "
+              f"registry) + pip_install([requests]): cold {cold:.1f} s, rebuilt from cache "
+              f"{cached:.1f} s")
 
         served = name("served")
         Template.build(Template().from_template("base")
@@ -137,6 +159,7 @@ def main():
             except Exception:
                 pass
         srv.stop()
+        registry.stop()
 
 
 if __name__ == "__main__":
