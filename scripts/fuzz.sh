@@ -72,6 +72,12 @@ case $SANITIZER in
     ;;
   *) echo "fuzz: FUZZ_SANITIZER must be none or address" >&2; exit 2 ;;
 esac
+# cargo fuzz has no --locked: check the lock file first, so that the run never rewrites it.
+if ! cargo metadata --locked --format-version 1 --filter-platform "$triple" \
+    --manifest-path fuzz/Cargo.toml >/dev/null; then
+  echo "fuzz: fuzz/Cargo.lock is out of date: run (cd fuzz && cargo update -w) and commit it" >&2
+  exit 1
+fi
 echo "==> building fuzz targets (sanitizer: $SANITIZER)"
 build_start=$(date +%s)
 "${build[@]}"

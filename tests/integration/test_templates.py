@@ -104,38 +104,58 @@ def test_a_failing_step_fails_the_build_with_its_command_exit_code_and_output(na
     assert not Template.exists(name)
 
 
-def test_a_step_that_fills_the_disk_is_stopped_and_the_server_carries_on(server, names):
+@pytest.fixture
+def restarted(server):
+    """Restarts the server with more flags; puts the session's flags back afterwards."""
+    saved = list(server.extra_args)
+
+    def restart(*flags):
+        server.stop()
+        server.extra_args = saved + list(flags)
+        server.start()
+
+    yield restart
+    server.stop()
+    server.extra_args = saved
+    server.start()
+
+
+def test_a_step_that_fills_the_disk_is_stopped_and_the_server_carries_on(
+        server, names, restarted):
     """The server keeps `--build-min-free-mb` free on the templates disk: a step that writes
     past it is stopped, its build fails saying so, its half-written layer is gone, and builds
     and sandboxes carry on. (The reserve is set to just under what is free now, so that the
     test need not fill the real disk.)"""
     templates = Path(os.environ.get("AIRLOCK_TEMPLATES_DIR") or server.data_dir / "templates")
-    saved = list(server.extra_args)
     free_mb = lambda: shutil.disk_usage(templates).free >> 20  # noqa: E731
-    server.stop()
-    server.extra_args = saved + ["--build-min-free-mb", str(free_mb() - 300)]
-    server.start()
+    restarted("--build-min-free-mb", str(free_mb() - 300))
+    before = free_mb()
+    name = names()
+    # 3 GB, ten times the room left: finishing it means the guard did not act.
+    filler = (Template().from_template("base")
+              .run_cmd("dd if=/dev/zero of=/home/user/big bs=1M count=3000"))
+    with pytest.raises(BuildException) as err:
+        Template.build(filler, name)
+    text = str(err.value)
+    assert "step 1" in text and "disk is nearly full" in text, text
+    assert not Template.exists(name)
+    assert free_mb() > before - 100, (before, free_mb())
+    sbx = Sandbox.create("base")
     try:
-        before = free_mb()
-        name = names()
-        # 3 GB, ten times the room left: finishing it means the guard did not act.
-        filler = (Template().from_template("base")
-                  .run_cmd("dd if=/dev/zero of=/home/user/big bs=1M count=3000"))
-        with pytest.raises(BuildException) as err:
-            Template.build(filler, name)
-        text = str(err.value)
-        assert "step 1" in text and "disk is nearly full" in text, text
-        assert not Template.exists(name)
-        assert free_mb() > before - 100, (before, free_mb())
-        sbx = Sandbox.create("base")
-        try:
-            assert sbx.commands.run("echo still serving").stdout == "still serving\n"
-        finally:
-            sbx.kill()
+        assert sbx.commands.run("echo still serving").stdout == "still serving\n"
     finally:
-        server.stop()
-        server.extra_args = saved
-        server.start()
+        sbx.kill()
+
+
+def test_a_step_that_runs_past_its_timeout_fails_the_build(names, restarted):
+    restarted("--build-step-timeout", "5")
+    name = names()
+    slow = Template().from_template("base").run_cmd("echo started; sleep 120")
+    with pytest.raises(BuildException) as err:
+        Template.build(slow, name)
+    text = str(err.value)
+    assert "step 1" in text and "did not finish within 5s" in text and "started" in text, text
+    assert not Template.exists(name)
 
 
 def test_templates_belong_to_their_key(names, other_key):

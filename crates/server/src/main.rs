@@ -107,6 +107,10 @@ enum Command {
         /// host's disk.
         #[arg(long, default_value_t = 2048, env = "AIRLOCK_BUILD_MIN_FREE_MB")]
         build_min_free_mb: u64,
+        /// Seconds one template build step (a RUN, a COPY, a layer of an image) may run before
+        /// it is stopped and its build fails.
+        #[arg(long, default_value_t = 1800, env = "AIRLOCK_BUILD_STEP_TIMEOUT")]
+        build_step_timeout: u64,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
@@ -179,6 +183,7 @@ async fn run(cli: Cli) -> ExitCode {
             ready_timeout,
             insecure_registries,
             build_min_free_mb,
+            build_step_timeout,
             insecure_open_network,
         } => serve::serve(serve::ServeOptions {
             listen,
@@ -187,6 +192,7 @@ async fn run(cli: Cli) -> ExitCode {
             agent_binary: agent_bin,
             insecure_registries,
             build_min_free_mb,
+            build_step_timeout: Duration::from_secs(build_step_timeout),
             insecure_open_network,
             limits: Limits {
                 max_sandboxes,

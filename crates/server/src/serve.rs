@@ -31,6 +31,8 @@ pub struct ServeOptions {
     pub insecure_registries: Vec<String>,
     /// A build step is stopped when the templates disk has less than this free.
     pub build_min_free_mb: u64,
+    /// How long one build step may run.
+    pub build_step_timeout: std::time::Duration,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
 }
@@ -45,12 +47,38 @@ fn find_binary(name: &str, explicit: Option<PathBuf>) -> anyhow::Result<PathBuf>
     };
     if !path.is_file() {
         bail!(
-            "{} does not exist; build it with `cargo build --release` (it belongs next to \
-             the airlock binary)",
+            "{} does not exist; build it with scripts/prepare.sh (it belongs next to the \
+             airlock binary)",
             path.display()
         );
     }
     Ok(path)
+}
+
+/// Whether an x86_64 ELF executable needs no program interpreter (dynamic loader), so that
+/// it runs in any root filesystem: its program headers have no `PT_INTERP` entry.
+fn is_static_executable(path: &Path) -> anyhow::Result<bool> {
+    const PT_INTERP: u32 = 3;
+    let bytes = std::fs::read(path)?;
+    // 64-bit, little-endian: the only target Airlock builds for.
+    if bytes.get(..6) != Some(b"\x7fELF\x02\x01") {
+        bail!("not a 64-bit little-endian ELF executable");
+    }
+    let field = |at: usize, len: usize| -> anyhow::Result<usize> {
+        let raw = bytes
+            .get(at..at + len)
+            .context("the ELF header is cut short")?;
+        let mut le = [0u8; 8];
+        le[..len].copy_from_slice(raw);
+        Ok(usize::try_from(u64::from_le_bytes(le))?)
+    };
+    let (table, entry_size, entries) = (field(32, 8)?, field(54, 2)?, field(56, 2)?);
+    for i in 0..entries {
+        if field(table + i * entry_size, 4)? == PT_INTERP as usize {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Makes sure at least one API key exists. Returns a key to print if one was made or given.
@@ -117,6 +145,15 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
     let key = ensure_api_key(&store, &data)?;
     let agent_binary = find_binary("airlock-agent", opts.agent_binary)?;
+    let agent_is_static = is_static_executable(&agent_binary)
+        .with_context(|| format!("reading {}", agent_binary.display()))?;
+    if !agent_is_static {
+        tracing::warn!(
+            agent = %agent_binary.display(),
+            "the agent is dynamically linked, so templates cannot be built from images; \
+             scripts/prepare.sh builds it statically"
+        );
+    }
     let netd_binary = find_binary("airlock-netd", None)?;
     // The firewall starts with every sandbox that will be adopted already in it.
     let known = airlock_core::lifecycle::adoptable_policies(&store)?;
@@ -146,6 +183,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             at_once: BUILDS_AT_ONCE,
             insecure_registries: opts.insecure_registries,
             min_free_bytes: opts.build_min_free_mb << 20,
+            step_timeout: opts.build_step_timeout,
+            agent_is_static,
         },
     );
     // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.
@@ -245,5 +284,35 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 header with one program header of type `kind`.
+    fn elf_with_segment(kind: u32) -> tempfile::NamedTempFile {
+        let mut bytes = vec![0u8; 64 + 56];
+        bytes[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        bytes[32..40].copy_from_slice(&64u64.to_le_bytes());
+        bytes[54..56].copy_from_slice(&56u16.to_le_bytes());
+        bytes[56..58].copy_from_slice(&1u16.to_le_bytes());
+        bytes[64..68].copy_from_slice(&kind.to_le_bytes());
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), bytes).unwrap();
+        file
+    }
+
+    #[test]
+    fn a_static_agent_is_told_from_a_dynamic_one() {
+        const PT_LOAD: u32 = 1;
+        assert!(is_static_executable(elf_with_segment(PT_LOAD).path()).unwrap());
+        assert!(!is_static_executable(elf_with_segment(3).path()).unwrap());
+        // Debian's shell is dynamically linked.
+        assert!(!is_static_executable(Path::new("/bin/sh")).unwrap());
+        let not_elf = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(not_elf.path(), b"#!/bin/sh\n").unwrap();
+        assert!(is_static_executable(not_elf.path()).is_err());
     }
 }

@@ -24,8 +24,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// How long one `RUN` step may take.
-pub const STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Log entries kept per build; the output past them is counted, and its tail kept for errors.
 pub const MAX_LOG_ENTRIES: u64 = 20_000;
 
@@ -112,6 +110,8 @@ pub struct Builder {
     /// Where layers are written, and how much of its disk a step must leave free.
     templates_dir: PathBuf,
     min_free_bytes: u64,
+    step_timeout: Duration,
+    agent_is_static: bool,
 }
 
 /// How builds run on this host (`airlock serve`'s flags).
@@ -123,6 +123,11 @@ pub struct BuildOptions {
     /// A step is stopped, and its build fails, when the disk its layer is written to has less
     /// than this free: a build must never fill the host's disk.
     pub min_free_bytes: u64,
+    /// How long one step (a `RUN`, a `COPY`, a layer of an image) may take.
+    pub step_timeout: Duration,
+    /// Whether the agent binary runs in any root filesystem. A dynamically linked one (a plain
+    /// `cargo build`) needs the host's loader and libc, which an image need not have.
+    pub agent_is_static: bool,
 }
 
 /// One build to run: the store has its row (status `waiting`).
@@ -153,6 +158,8 @@ impl Builder {
             turns: Semaphore::new(options.at_once.max(1)),
             templates_dir: templates_dir.to_owned(),
             min_free_bytes: options.min_free_bytes,
+            step_timeout: options.step_timeout,
+            agent_is_static: options.agent_is_static,
         })
     }
 

@@ -3,7 +3,7 @@
 use super::copy::{ARCHIVE, INBOX};
 use super::image::ImageSource;
 use super::layers::StepMount;
-use super::{BuildBase, BuildJob, BuildLog, Builder, Failure, StepKind, STEP_TIMEOUT};
+use super::{BuildBase, BuildJob, BuildLog, Builder, Failure, StepKind};
 use crate::driver::{LaunchSpec, RootfsWrites, AGENT_PATH};
 use crate::egress::Egress;
 use crate::ids::SandboxId;
@@ -99,7 +99,7 @@ impl Builder {
                 user: "root".into(),
                 cwd: Some("/".into()),
                 envs: Default::default(),
-                timeout: STEP_TIMEOUT,
+                timeout: self.step_timeout,
             };
             let (command, archive, inputs) = match &step.kind {
                 StepKind::Env(pairs) => {
@@ -122,7 +122,7 @@ impl Builder {
                             .unwrap_or_else(|| progress.context.user.clone()),
                         cwd: progress.context.workdir.clone(),
                         envs: progress.context.env.clone(),
-                        timeout: STEP_TIMEOUT,
+                        timeout: self.step_timeout,
                     };
                     (run, None, "")
                 }
@@ -186,6 +186,14 @@ impl Builder {
             message,
             step: Some("base".into()),
         };
+        if !self.agent_is_static {
+            return Err(at_base(
+                "this server's airlock-agent is dynamically linked (a plain `cargo build`), so \
+                 it cannot run inside an image: rebuild it with scripts/prepare.sh, which links \
+                 it statically, and restart the server"
+                    .into(),
+            ));
+        }
         let note = |line: String| log.write(LogLevel::Info, Some("base".into()), &line);
         note(format!("FROM image {}", source.reference));
         let image = self.registries.pull(source, &note).await.map_err(at_base)?;
@@ -217,7 +225,7 @@ impl Builder {
             user: "root".into(),
             cwd: Some("/".into()),
             envs: Default::default(),
-            timeout: STEP_TIMEOUT,
+            timeout: self.step_timeout,
         };
         for (digest, blob) in image.layers {
             let shown = format!("layer {digest}");
