@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # What the integration tests need beyond what Airlock needs (scripts/install-deps.sh): a real OCI
 # registry (Debian's `docker-registry`, the CNCF distribution registry) and real OCI tools to
-# make images and push them to it (`umoci`, `skopeo`), and musl's compiler for an image with no
-# glibc in it. Safe to run again: it only installs what is missing.
+# make images and push them to it (`umoci`, `skopeo`), `htpasswd` (apache2-utils) for a registry
+# that needs credentials, and musl's compiler for an image with no glibc in it. Safe to run
+# again: it only installs what is missing.
 set -euo pipefail
 
 missing=()
-for pkg in docker-registry skopeo umoci musl-tools; do
+for pkg in docker-registry skopeo umoci musl-tools apache2-utils; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

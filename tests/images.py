@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -33,18 +34,26 @@ def run(*cmd, cwd=None):
 
 
 class Registry:
-    """`docker-registry serve` on a free loopback port, storing in a private temp dir."""
+    """`docker-registry serve` on a free loopback port, storing in a private temp dir. With
+    `credentials` (user, password), every request needs them (HTTP basic, an htpasswd file)."""
 
-    def __init__(self):
+    def __init__(self, credentials=None):
         self.dir = Path(tempfile.mkdtemp(prefix="airlock-registry-"))
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.credentials = credentials
+        auth = ""
+        if credentials:
+            htpasswd = subprocess.run(["htpasswd", "-Bbn", *credentials], check=True,
+                                      capture_output=True, text=True).stdout
+            (self.dir / "htpasswd").write_text(htpasswd)
+            auth = f"auth:\n  htpasswd:\n    realm: airlock-test\n    path: {self.dir / 'htpasswd'}\n"
         config = self.dir / "config.yml"
         config.write_text(
             "version: 0.1\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.dir / 'data'}\n"
             f"http:\n  addr: {self.address}\n"
-            "log:\n  level: warn\n"
+            "log:\n  level: warn\n" + auth
         )
         self.proc = subprocess.Popen(
             ["docker-registry", "serve", str(config)],
@@ -55,14 +64,20 @@ class Registry:
             try:
                 with urllib.request.urlopen(f"http://{self.address}/v2/", timeout=1):
                     return
+            except urllib.error.HTTPError as answered:
+                # A registry that asks for credentials is up.
+                if answered.code == 401 and credentials:
+                    return
             except OSError:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError((self.dir / "registry.log").read_text())
-                time.sleep(0.1)
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError((self.dir / "registry.log").read_text())
+            time.sleep(0.1)
 
     def push(self, layout: Path, tag: str, name: str) -> str:
         """Pushes `layout:tag` as `name` (`repo:tag`); returns the reference to pull it by."""
-        run("skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+        creds = ["--dest-creds", ":".join(self.credentials)] if self.credentials else []
+        run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", *creds,
             f"oci:{layout}:{tag}", f"docker://{self.address}/{name}")
         return f"{self.address}/{name}"
 

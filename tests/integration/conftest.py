@@ -23,12 +23,21 @@ def registry():
 
 
 @pytest.fixture(scope="session")
-def server(registry):
+def private_registry():
+    """Another, which answers only with its credentials (`tester`, `secret`)."""
+    reg = Registry(credentials=("tester", "secret"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="session")
+def server(registry, private_registry):
     if not os.environ.get("AIRLOCK_TEST_DATA_DIR"):
         pytest.exit("run ./test.sh, or set AIRLOCK_TEST_DATA_DIR to a data dir that "
                     "scripts/prepare.sh has prepared", returncode=2)
     srv = start_server(Path(os.environ["AIRLOCK_TEST_DATA_DIR"]),
-                       ["--insecure-registry", registry.address])
+                       ["--insecure-registry", registry.address,
+                        "--insecure-registry", private_registry.address])
     yield srv
     srv.stop()
 

@@ -102,6 +102,28 @@ def test_a_registry_at_a_private_address_needs_the_operator(names, registry):
     assert "private address" in text and "--insecure-registry 127.0.0.1:9" in text, text
 
 
+def test_a_private_registry_is_pulled_from_with_its_credentials_only(names, private_registry):
+    """Without credentials, or with wrong ones, the build fails saying which; with
+    `from_image(..., username, password)` it pulls."""
+    image = private_registry.push(musl_layout(), "latest", "team/musl:1")
+    for kwargs, expected in (({}, "wants credentials"),
+                             ({"username": "tester", "password": "wrong"},
+                              "did not accept the credentials of 'tester'")):
+        name = names()
+        with pytest.raises(BuildException) as err:
+            Template.build(Template().from_image(image, **kwargs), name)
+        assert expected in str(err.value), (kwargs, err.value)
+        assert not Template.exists(name)
+    name = names()
+    Template.build(Template().from_image(image, username="tester", password="secret")
+                   .run_cmd("hello > /home/user/pulled"), name)
+    sbx = Sandbox.create(name)
+    try:
+        assert sbx.commands.run("cat /home/user/pulled").stdout == "hello from musl\n"
+    finally:
+        sbx.kill()
+
+
 def test_bad_registry_credentials_are_refused_before_the_build(names, registry):
     name = names()
     # The SDK offers AWS keys; this server cannot turn them into a token and says so.

@@ -3,10 +3,12 @@ RUN runs in a gVisor build sandbox, its layer is cached, and the template then s
 like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
 
 import http.client
+import io
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -350,6 +352,51 @@ def test_a_copy_whose_files_were_not_uploaded_fails_at_its_step(server, names):
         time.sleep(0.1)
     assert info["reason"]["step"] == "1", info
     assert "never uploaded" in info["reason"]["message"], info
+
+
+def test_another_keys_cached_copy_needs_its_own_upload(server, names, other_key):
+    """Layers are shared between keys, a COPY's by its files' hash. A key that names another
+    key's hash without uploading the files itself must not get them from the cache."""
+    secret = b"the owner's secret\n"
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("secret.txt")
+        info.size = len(secret)
+        tar.addfile(info, io.BytesIO(secret))
+    digest = uuid.uuid4().hex * 2  # a fresh 64-hex hash: no earlier layer has it
+    steps = [{"type": "COPY", "args": ["secret.txt", "/opt/secret.txt", "", ""],
+              "filesHash": digest, "force": False}]
+
+    def build(name, key, upload):
+        status, created = server.api("POST", "/v3/templates", {"name": name}, key=key)
+        assert status == 202, created
+        tid, bid = created["templateID"], created["buildID"]
+        if upload:
+            status, link = server.api("GET", f"/templates/{tid}/files/{digest}", key=key)
+            status, body = server.api("PUT", link["url"].replace(server.url, ""),
+                                      raw=archive.getvalue(), key=None)
+            assert status == 200, body
+        status, body = server.api("POST", f"/v2/templates/{tid}/builds/{bid}",
+                                  {"fromTemplate": "base", "steps": steps, "force": False},
+                                  key=key)
+        assert status == 202, body
+        for _ in range(3000):
+            status, info = server.api("GET", f"/templates/{tid}/builds/{bid}/status", key=key)
+            if info["status"] in ("ready", "error"):
+                return info
+            time.sleep(0.1)
+        raise AssertionError(f"build {bid} did not finish: {info}")
+
+    owner = names()
+    assert build(owner, API_KEY, upload=True)["status"] == "ready"
+    # Positive control: the owner's template has the file the other key is after.
+    sbx = Sandbox.create(owner)
+    try:
+        assert sbx.commands.run("cat /opt/secret.txt").stdout.encode() == secret
+    finally:
+        sbx.kill()
+    thief = build(names(other_key), other_key, upload=False)
+    assert thief["status"] == "error" and "never uploaded" in thief["reason"]["message"], thief
 
 
 def test_a_template_on_the_code_interpreter_runs_code_with_its_packages(names):

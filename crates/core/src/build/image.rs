@@ -11,6 +11,7 @@
 //! allows plain HTTP, for a registry on loopback).
 
 use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use std::net::IpAddr;
@@ -78,7 +79,17 @@ impl Registries {
         let (manifest, digest, config) = client
             .pull_manifest_and_config(&reference, &auth)
             .await
-            .map_err(|e| format!("pulling {reference}: {e}"))?;
+            .map_err(|e| match (e, &source.credentials) {
+            (OciDistributionError::UnauthorizedError { .. }, None) => format!(
+                "the registry {registry} wants credentials for {reference} (401): pass them \
+                     with from_image(image, username=..., password=...)"
+            ),
+            (OciDistributionError::UnauthorizedError { .. }, Some((user, _))) => format!(
+                "the registry {registry} did not accept the credentials of '{user}' for \
+                     {reference} (401)"
+            ),
+            (e, _) => format!("pulling {reference}: {e}"),
+        })?;
         progress(format!("{reference}: {digest}"));
         let config: oci_client::config::ConfigFile = serde_json::from_str(&config)
             .map_err(|e| format!("the image's config is not valid: {e}"))?;

@@ -272,20 +272,23 @@ impl Builder {
             work.inputs,
         ]);
         progress.rebuilding |= work.force;
+        // Checked even when the layer is cached: layers are shared between keys, and a COPY's
+        // archive is kept per template, so a key that names another key's files hash without
+        // having uploaded the files must not get them from the cache.
+        if let Some(archive) = work.archive.as_deref().filter(|a| !a.is_file()) {
+            return Err(Failure {
+                message: format!(
+                    "step {} ({}): its files were never uploaded (no {}); build again",
+                    work.label,
+                    work.shown,
+                    archive.display()
+                ),
+                step: Some(work.label.into()),
+            });
+        }
         if !progress.rebuilding && self.layers.has(&key) {
             log.write(LogLevel::Info, Some(work.label.into()), "CACHED");
         } else {
-            if let Some(archive) = work.archive.as_deref().filter(|a| !a.is_file()) {
-                return Err(Failure {
-                    message: format!(
-                        "step {} ({}): its files were never uploaded (no {}); build again",
-                        work.label,
-                        work.shown,
-                        archive.display()
-                    ),
-                    step: Some(work.label.into()),
-                });
-            }
             let started = Instant::now();
             self.run_step(job, &progress.chain, &work, &key, log)
                 .await?;
