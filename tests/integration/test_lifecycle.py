@@ -183,3 +183,42 @@ def test_routing_by_host_header(server, sandbox):
     conn.request("GET", "/health", headers={"Host": "49983-nosuchsandbox.airlock.test"})
     resp = conn.getresponse()
     assert resp.status == 502 and b"The sandbox was not found" in resp.read()
+
+
+def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server):
+    """`--pool-idle-secs`: a template nobody creates sandboxes of loses its pool (its idle
+    sandboxes cost memory and CPU); a create still works (from the golden image) and makes
+    the pool fill again."""
+    saved = list(server.extra_args)
+    bundles = server.data_dir / "gvisor" / "bundles"
+    handed = set()  # a killed sandbox's bundle may outlive it for a moment
+
+    def pooled():
+        """Sandboxes on the host that no one has been handed: the pools' (and golden images'
+        in the making)."""
+        listed = {s.sandbox_id for s in Sandbox.list(limit=1000).next_items()}
+        return [b.name for b in bundles.iterdir() if b.name not in listed | handed]
+
+    def wait_for(done, what):
+        for _ in range(240):
+            if done():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: {pooled()}")
+
+    server.stop()
+    server.extra_args = saved + ["--pool-idle-secs", "20"]
+    server.start()
+    try:
+        wait_for(lambda: not pooled(), "the pools of unused templates were not emptied")
+        sbx = Sandbox.create("base")
+        handed.add(sbx.sandbox_id)
+        try:
+            assert sbx.commands.run("echo from the golden image").stdout == "from the golden image\n"
+        finally:
+            sbx.kill()
+        wait_for(lambda: len(pooled()) >= 1, "base's pool was not filled again")
+    finally:
+        server.stop()
+        server.extra_args = saved
+        server.start()

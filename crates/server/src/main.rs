@@ -83,6 +83,11 @@ enum Command {
         /// create then boots a sandbox.
         #[arg(long, default_value_t = 2, env = "AIRLOCK_POOL_SIZE")]
         pool_size: usize,
+        /// Seconds a template's pool is kept with no create of it. Then it is emptied (the
+        /// idle sandboxes cost memory and CPU); its next create restores the golden image
+        /// itself, a few hundred ms slower, and the pool is filled again.
+        #[arg(long, default_value_t = 1800, env = "AIRLOCK_POOL_IDLE_SECS")]
+        pool_idle_secs: u64,
         /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).
         #[arg(long, default_value_t = 8)]
         max_cpu_count: u32,
@@ -177,6 +182,7 @@ async fn run(cli: Cli) -> ExitCode {
             key_max_snapshot_mb,
             default_timeout,
             pool_size,
+            pool_idle_secs,
             max_cpu_count,
             max_memory_mb,
             max_disk_mb,
@@ -203,6 +209,7 @@ async fn run(cli: Cli) -> ExitCode {
                 },
                 default_timeout: Duration::from_secs(default_timeout),
                 pool_size,
+                pool_idle: Duration::from_secs(pool_idle_secs),
                 ready_timeout: Duration::from_secs(ready_timeout),
                 max_resources: Resources {
                     cpu_count: max_cpu_count,

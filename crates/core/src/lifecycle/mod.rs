@@ -124,6 +124,9 @@ pub struct Limits {
     pub pool_size: usize,
     /// Pools are not refilled while the host has less memory available than this.
     pub pool_min_available_mb: u64,
+    /// A template's pool is emptied once nobody has created a sandbox of it for this long;
+    /// its next create restores the golden image itself, and the pool is filled again.
+    pub pool_idle: Duration,
     /// How long a template's ready command may take to succeed once its sandbox boots.
     pub ready_timeout: Duration,
 }
@@ -160,6 +163,7 @@ impl Default for Limits {
             agent_start_timeout: Duration::from_secs(20),
             pool_size: 2,
             pool_min_available_mb: 2048,
+            pool_idle: Duration::from_secs(30 * 60),
             ready_timeout: Duration::from_secs(300),
         }
     }

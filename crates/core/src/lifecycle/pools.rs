@@ -13,7 +13,7 @@ use crate::store::TemplateRecord;
 use airlock_wire::envd::InitRequest;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Ready sandboxes of each template, and the turn to make golden images.
@@ -31,6 +31,8 @@ struct Pool {
     ready: Vec<Started>,
     /// Restores under way.
     filling: usize,
+    /// When a create last asked for one (or the template was published, or first seen).
+    wanted_at: Option<Instant>,
 }
 
 impl Pools {
@@ -63,10 +65,17 @@ impl Lifecycle {
         (self.limits.default_resources, Egress::default())
     }
 
-    /// Takes a ready sandbox of the template from its pool, if one is there.
+    /// Takes a ready sandbox of the template from its pool, if one is there. Either way the
+    /// template is wanted now: an emptied pool is filled again.
     pub(super) fn take_pooled(&self, template: &TemplateRecord) -> Option<Started> {
-        let pooled = self.pools.lock().get_mut(&template.name)?.ready.pop()?;
+        let pooled = {
+            let mut pools = self.pools.lock();
+            let pool = pools.entry(template.name.clone()).or_default();
+            pool.wanted_at = Some(Instant::now());
+            pool.ready.pop()
+        };
         self.refill.notify_one();
+        let pooled = pooled?;
         if pooled.image.as_deref() != Some(self.golden_image(template).as_str()) {
             // Restored before the template was rebuilt.
             self.destroying
@@ -131,6 +140,15 @@ impl Lifecycle {
                 if announced.insert(golden.clone()) {
                     tracing::info!(template = %template.name, image = %golden, "golden image reused");
                 }
+                if let Some(unused) = self.idle_pool(template) {
+                    if !unused.is_empty() {
+                        tracing::info!(template = %template.name, sandboxes = unused.len(), "emptying the pool of a template nobody created a sandbox of lately");
+                    }
+                    for pooled in unused {
+                        self.release(pooled.id, pooled.placement.slot).await;
+                    }
+                    continue;
+                }
                 self.fill_pool(template, &golden, &stop).await;
             }
             tokio::select! {
@@ -139,6 +157,16 @@ impl Lifecycle {
                 _ = stop.cancelled() => return,
             }
         }
+    }
+
+    /// The ready sandboxes of a template nobody has wanted for `pool_idle`, taken out of its
+    /// pool (which stays empty until it is wanted again); `None` while it is wanted. A
+    /// template seen for the first time counts as wanted from then.
+    fn idle_pool(&self, template: &TemplateRecord) -> Option<Vec<Started>> {
+        let mut pools = self.pools.lock();
+        let pool = pools.entry(template.name.clone()).or_default();
+        let wanted_at = *pool.wanted_at.get_or_insert_with(Instant::now);
+        (wanted_at.elapsed() >= self.limits.pool_idle).then(|| std::mem::take(&mut pool.ready))
     }
 
     /// Deletes golden images of templates as they were built before, or taken with another
@@ -172,6 +200,10 @@ impl Lifecycle {
         }
         self.store.put_template(template)?;
         self.delete_stale_goldens().await;
+        // Just built: it is about to be used.
+        let mut pools = self.pools.lock();
+        pools.entry(template.name.clone()).or_default().wanted_at = Some(Instant::now());
+        drop(pools);
         self.refill.notify_one();
         Ok(())
     }
