@@ -65,12 +65,12 @@ fn main() {
     // have nothing else to run them with.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let tool = match args.first().map(String::as_str) {
-        Some("unpack-layer") => Some(layer::main as fn(&[String]) -> Result<(), String>),
-        Some("provision") => Some(provision::main as fn(&[String]) -> Result<(), String>),
+        Some("unpack-layer") => Some(layer::main(&args[1..])),
+        Some("provision") => Some(provision::main(&args[1..])),
         _ => None,
     };
-    if let Some(tool) = tool {
-        if let Err(e) = tool(&args[1..]) {
+    if let Some(result) = tool {
+        if let Err(e) = result {
             eprintln!("airlock-agent {}: {e}", args[0]);
             std::process::exit(1);
         }

@@ -8,6 +8,7 @@
 //!
 //! Written in Rust rather than as a shell script because an image need not have a shell.
 
+use crate::users::find_in_passwd;
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::path::Path;
 
@@ -29,18 +30,18 @@ fn provision(root: &Path, ca: Option<&Path>) -> std::io::Result<()> {
     std::fs::create_dir_all(&etc)?;
     let passwd = read(&etc.join("passwd"))?;
     let group = read(&etc.join("group"))?;
-    if find(&passwd, "root").is_none() {
+    if find_in_passwd(&passwd, "root").is_none() {
         let shell = shell(root);
         append(
             &etc.join("passwd"),
             &format!("root:x:0:0:root:/root:{shell}"),
         )?;
     }
-    if find(&group, "root").is_none() {
+    if group_id(&group, "root").is_none() {
         append(&etc.join("group"), "root:x:0:")?;
     }
-    let (uid, gid) = match find(&passwd, USER) {
-        Some(fields) => (number(&fields, 2), number(&fields, 3)),
+    let (uid, gid) = match find_in_passwd(&passwd, USER) {
+        Some(user) => (user.uid, user.gid),
         None => add_user(root, &passwd, &group)?,
     };
     let home = root.join("home").join(USER);
@@ -74,8 +75,8 @@ fn add_user(root: &Path, passwd: &str, group: &str) -> std::io::Result<(u32, u32
             .any(|l| l.split(':').nth(2) == Some(id.to_string().as_str()))
     };
     let uid = (1000..).find(|&id| !taken(passwd, id)).unwrap_or(1000);
-    let gid = match find(group, USER) {
-        Some(fields) => number(&fields, 2),
+    let gid = match group_id(group, USER) {
+        Some(gid) => gid,
         None => {
             let gid = (uid..).find(|&id| !taken(group, id)).unwrap_or(uid);
             append(&root.join("etc/group"), &format!("{USER}:x:{gid}:"))?;
@@ -109,15 +110,14 @@ fn read(path: &Path) -> std::io::Result<String> {
     }
 }
 
-/// The `:`-separated fields of `name`'s line.
-fn find(file: &str, name: &str) -> Option<Vec<String>> {
-    file.lines()
-        .map(|l| l.split(':').map(str::to_owned).collect::<Vec<_>>())
-        .find(|fields| fields.first().map(String::as_str) == Some(name))
-}
-
-fn number(fields: &[String], i: usize) -> u32 {
-    fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0)
+/// The gid of group `name` in an `/etc/group` file.
+fn group_id(group: &str, name: &str) -> Option<u32> {
+    group.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next() == Some(name))
+            .then(|| fields.nth(1)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// Appends a line, first ending the file's last line if it lacks its newline.

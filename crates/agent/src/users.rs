@@ -90,7 +90,7 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-fn find_in_passwd(passwd: &str, name: &str) -> Option<User> {
+pub(crate) fn find_in_passwd(passwd: &str, name: &str) -> Option<User> {
     passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
         if fields.len() < 7 || fields[0] != name {

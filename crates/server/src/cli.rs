@@ -225,10 +225,10 @@ impl Client {
         &self,
         method: &str,
         path: &str,
-        body: &serde_json::Value,
+        body: &impl serde::Serialize,
     ) -> Result<Vec<u8>, CliError> {
-        self.call_with(method, path, Body::from(body.to_string()))
-            .await
+        let body = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
+        self.call_with(method, path, Body::from(body)).await
     }
 
     async fn call_with(&self, method: &str, path: &str, body: Body) -> Result<Vec<u8>, CliError> {

@@ -4,12 +4,15 @@
 
 use crate::cli::{CliError, Client};
 use crate::dockerfile::{self, PlanStep};
-use airlock_wire::templates::{BuildStatusBody, TemplateBuildCreated, TemplateFileUpload};
+use airlock_core::build::copy::{check_source, source_base};
+use airlock_wire::templates::{
+    BuildStatusBody, TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart,
+    TemplateFileUpload, TemplateStep,
+};
 use axum::body::Body;
-use serde_json::json;
 use sha2::{Digest, Sha256};
-use std::io::{Seek, SeekFrom};
-use std::path::{Component, Path, PathBuf};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -45,67 +48,61 @@ pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliE
             .to_owned(),
     };
 
-    // Every COPY's files are packed first: a missing source fails before anything is made.
+    // Every COPY's files are packed (so a missing source fails) before anything is made.
     let mut packed = Vec::new();
-    for step in &plan.steps {
-        if let PlanStep::Copy { src, dest, .. } = step {
-            packed.push(pack(&context, src, dest)?);
-        }
-    }
-
-    let created: TemplateBuildCreated = parse(
-        &client
-            .call_json(
-                "POST",
-                "/v3/templates",
-                &json!({ "name": opts.name, "cpuCount": opts.cpu_count, "memoryMB": opts.memory_mb }),
-            )
-            .await?,
-    )?;
-    let (template, build) = (&created.template_id, &created.build_id);
-    for files in &packed {
-        upload(&client, template, files).await?;
-    }
-
-    let mut hashes = packed.iter().map(|files| &files.hash);
     let mut steps = Vec::new();
     for step in &plan.steps {
-        let mut wire = match step {
-            PlanStep::Run(command) => json!({ "type": "RUN", "args": [command] }),
-            PlanStep::Env(pairs) => json!({
-                "type": "ENV",
-                "args": pairs.iter().flat_map(|(k, v)| [k, v]).collect::<Vec<_>>(),
-            }),
-            PlanStep::Workdir(dir) => json!({ "type": "WORKDIR", "args": [dir] }),
-            PlanStep::User(user) => json!({ "type": "USER", "args": [user] }),
+        let (kind, args, files_hash) = match step {
+            PlanStep::Run(command) => ("RUN", vec![command.clone()], None),
+            PlanStep::Env(pairs) => {
+                let args = pairs.iter().flat_map(|(k, v)| [k.clone(), v.clone()]);
+                ("ENV", args.collect(), None)
+            }
+            PlanStep::Workdir(dir) => ("WORKDIR", vec![dir.clone()], None),
+            PlanStep::User(user) => ("USER", vec![user.clone()], None),
             PlanStep::Copy {
                 src,
                 dest,
                 owner,
                 mode,
-            } => json!({
-                "type": "COPY",
-                "args": [src, dest, owner, mode],
-                "filesHash": hashes.next(),
-            }),
+            } => {
+                let files = pack(&context, src, dest)?;
+                let hash = files.hash.clone();
+                packed.push(files);
+                let args = vec![src.clone(), dest.clone(), owner.clone(), mode.clone()];
+                ("COPY", args, Some(hash))
+            }
         };
-        wire["force"] = opts.no_cache.into();
-        steps.push(wire);
+        steps.push(TemplateStep {
+            kind: kind.into(),
+            args,
+            force: opts.no_cache,
+            files_hash,
+        });
     }
-    let definition = json!({
-        "fromImage": plan.from_image,
-        "steps": steps,
-        "force": opts.no_cache,
-        "startCmd": plan.start_cmd,
-        "readyCmd": opts.ready_cmd,
-    });
-    client
-        .call_json(
-            "POST",
-            &format!("/v2/templates/{template}/builds/{build}"),
-            &definition,
-        )
-        .await?;
+
+    let request = TemplateBuildRequest {
+        name: Some(opts.name.clone()),
+        cpu_count: opts.cpu_count,
+        memory_mb: opts.memory_mb,
+        ..TemplateBuildRequest::default()
+    };
+    let created: TemplateBuildCreated =
+        parse(&client.call_json("POST", "/v3/templates", &request).await?)?;
+    let (template, build) = (&created.template_id, &created.build_id);
+    for files in &packed {
+        upload(&client, template, files).await?;
+    }
+    let definition = TemplateBuildStart {
+        from_image: Some(plan.from_image),
+        steps,
+        force: opts.no_cache,
+        start_cmd: plan.start_cmd,
+        ready_cmd: opts.ready_cmd,
+        ..TemplateBuildStart::default()
+    };
+    let path = format!("/v2/templates/{template}/builds/{build}");
+    client.call_json("POST", &path, &definition).await?;
     println!(
         "building {} (template {template}, build {build})",
         opts.name
@@ -163,8 +160,15 @@ fn pack(context: &Path, src: &str, dest: &str) -> Result<Packed, CliError> {
             context.display()
         )));
     }
+    let mut hasher = Sha256::new();
+    for part in [src, "\0", dest, "\0"] {
+        hasher.update(part.as_bytes());
+    }
     let mut archive = tempfile::tempfile().map_err(failed)?;
-    let mut tar = tar::Builder::new(&mut archive);
+    let mut tar = tar::Builder::new(Hashing {
+        out: &mut archive,
+        hasher: &mut hasher,
+    });
     tar.follow_symlinks(false);
     if base == Path::new(".") {
         for entry in std::fs::read_dir(context).map_err(failed)? {
@@ -175,13 +179,6 @@ fn pack(context: &Path, src: &str, dest: &str) -> Result<Packed, CliError> {
         append(&mut tar, &on_disk, &base).map_err(failed)?;
     }
     tar.into_inner().map_err(failed)?;
-
-    let mut hasher = Sha256::new();
-    for part in [src, "\0", dest, "\0"] {
-        hasher.update(part.as_bytes());
-    }
-    archive.seek(SeekFrom::Start(0)).map_err(failed)?;
-    std::io::copy(&mut archive, &mut hasher).map_err(failed)?;
     Ok(Packed {
         src: src.to_owned(),
         hash: hex::encode(hasher.finalize()),
@@ -220,34 +217,32 @@ async fn upload(client: &Client, template: &str, files: &Packed) -> Result<(), C
     Ok(())
 }
 
-/// The part of a COPY source before any glob: the file or directory to pack (the build
-/// sandbox matches the glob itself). Never outside the context.
+/// What a COPY packs: its source up to any glob (the build sandbox matches the glob itself).
+/// Never outside the context.
 fn copy_base(src: &str) -> Result<PathBuf, CliError> {
-    let mut base = PathBuf::new();
-    for component in Path::new(src).components() {
-        match component {
-            Component::Normal(part) if part.to_string_lossy().contains(['*', '?', '[']) => break,
-            Component::Normal(part) => base.push(part),
-            Component::CurDir => {}
-            _ => {
-                return Err(CliError::Failed(format!(
-                    "COPY {src}: a source must be a path inside the build context"
-                )))
-            }
-        }
-    }
-    Ok(if base.as_os_str().is_empty() {
-        ".".into()
-    } else {
-        base
-    })
+    check_source(src).map_err(CliError::Failed)?;
+    Ok(PathBuf::from(source_base(src)))
 }
 
-fn append(
-    tar: &mut tar::Builder<&mut std::fs::File>,
-    path: &Path,
-    name: &Path,
-) -> std::io::Result<()> {
+/// Writes the archive and hashes it on the way, so its files are read once.
+struct Hashing<'a> {
+    out: &'a mut std::fs::File,
+    hasher: &'a mut Sha256,
+}
+
+impl Write for Hashing<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.out.write(buf)?;
+        self.hasher.update(&buf[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+fn append(tar: &mut tar::Builder<Hashing<'_>>, path: &Path, name: &Path) -> std::io::Result<()> {
     if std::fs::symlink_metadata(path)?.is_dir() {
         tar.append_dir_all(name, path)
     } else {

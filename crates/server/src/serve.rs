@@ -56,29 +56,40 @@ fn find_binary(name: &str, explicit: Option<PathBuf>) -> anyhow::Result<PathBuf>
 }
 
 /// Whether an x86_64 ELF executable needs no program interpreter (dynamic loader), so that
-/// it runs in any root filesystem: its program headers have no `PT_INTERP` entry.
+/// it runs in any root filesystem: its program headers have no `PT_INTERP` entry. Reads the
+/// headers only, not the whole binary.
 fn is_static_executable(path: &Path) -> anyhow::Result<bool> {
+    use std::os::unix::fs::FileExt;
     const PT_INTERP: u32 = 3;
-    let bytes = std::fs::read(path)?;
+    let file = std::fs::File::open(path)?;
+    let read = |at: usize, len: usize| -> anyhow::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, at as u64)
+            .context("the ELF headers are cut short")?;
+        Ok(buf)
+    };
+    let header = read(0, 64)?;
     // 64-bit, little-endian: the only target Airlock builds for.
-    if bytes.get(..6) != Some(b"\x7fELF\x02\x01") {
+    if header[..6] != *b"\x7fELF\x02\x01" {
         bail!("not a 64-bit little-endian ELF executable");
     }
-    let field = |at: usize, len: usize| -> anyhow::Result<usize> {
-        let raw = bytes
-            .get(at..at + len)
-            .context("the ELF header is cut short")?;
-        let mut le = [0u8; 8];
-        le[..len].copy_from_slice(raw);
-        Ok(usize::try_from(u64::from_le_bytes(le))?)
+    let le = |bytes: &[u8]| {
+        let mut word = [0u8; 8];
+        word[..bytes.len()].copy_from_slice(bytes);
+        u64::from_le_bytes(word) as usize
     };
-    let (table, entry_size, entries) = (field(32, 8)?, field(54, 2)?, field(56, 2)?);
-    for i in 0..entries {
-        if field(table + i * entry_size, 4)? == PT_INTERP as usize {
-            return Ok(false);
-        }
+    let (table, entry_size, entries) = (
+        le(&header[32..40]),
+        le(&header[54..56]),
+        le(&header[56..58]),
+    );
+    if entry_size != 56 {
+        bail!("malformed ELF program headers (entries of {entry_size} bytes, not 56)");
     }
-    Ok(true)
+    let headers = read(table, entry_size * entries)?;
+    Ok(!headers
+        .chunks(entry_size)
+        .any(|entry| le(&entry[..4]) == PT_INTERP as usize))
 }
 
 /// Makes sure at least one API key exists. Returns a key to print if one was made or given.

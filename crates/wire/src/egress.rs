@@ -8,13 +8,36 @@
 //! SNI, HTTP `Host`), and connections naming nothing to the addresses the sandbox's DNS
 //! answered for it; it only matters where something is denied.
 //!
-//! What no policy can allow (the host, other sandboxes, private and link-local ranges, cloud
-//! metadata) is the driver's business and applies whatever this says.
+//! What no policy can allow (the host, other sandboxes, [`PLATFORM_DENY`]: private and
+//! link-local ranges, cloud metadata) is the driver's business and applies whatever this says.
+//! The same ranges are what a template build's image pull may not reach.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
+
+/// Ranges no sandbox may reach, whatever its policy: "this network", private (RFC 1918),
+/// shared address space (RFC 6598), loopback, link-local (cloud metadata), benchmarking,
+/// multicast and reserved.
+pub const PLATFORM_DENY: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/3",
+];
+
+/// [`PLATFORM_DENY`], parsed.
+pub fn platform_deny() -> impl Iterator<Item = Ipv4Net> {
+    PLATFORM_DENY
+        .iter()
+        .map(|n| n.parse().expect("valid constant"))
+}
 
 /// At most this many entries in each of `allowOut` and `denyOut`.
 pub const MAX_RULES: usize = 256;

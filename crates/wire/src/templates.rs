@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `POST /v3/templates`. Older JS SDKs send `alias` where newer ones send `name`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildRequest {
     #[serde(default)]
@@ -33,7 +33,7 @@ pub struct TemplateBuildCreated {
 }
 
 /// `POST /v2/templates/{id}/builds/{buildID}`: what to build.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildStart {
     #[serde(default)]
@@ -52,7 +52,7 @@ pub struct TemplateBuildStart {
     pub ready_cmd: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateStep {
     #[serde(rename = "type")]

@@ -10,7 +10,7 @@
 use crate::store::TemplateDefaults;
 
 /// Where the archive appears inside the build sandbox (put into the step's upper layer before
-/// the sandbox boots; the script removes it).
+/// the sandbox boots; taken out of the layer after the step, see `Layers::keep`).
 pub const INBOX: &str = ".airlock-copy";
 pub const ARCHIVE: &str = "archive";
 
@@ -26,17 +26,38 @@ pub struct CopyStep {
     pub files_hash: String,
 }
 
+/// Refuses a COPY source that is not a path inside the build context.
+pub fn check_source(src: &str) -> Result<(), String> {
+    if src.is_empty() || src.starts_with('/') || src.split('/').any(|c| c == "..") {
+        return Err(format!(
+            "COPY's source must be a path inside the build context, not '{src}'"
+        ));
+    }
+    Ok(())
+}
+
+/// The part of a COPY source before any glob: what its archive must hold, and what the script
+/// takes from the unpacked archive (`.` for the whole of it).
+pub fn source_base(src: &str) -> String {
+    let parts: Vec<&str> = src
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .take_while(|c| !c.contains(['*', '?', '[', '{']))
+        .collect();
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
+    }
+}
+
 impl CopyStep {
     /// Checks the SDK's arguments: a relative source inside the context, an octal mode.
     pub fn new(args: &[String], files_hash: &str) -> Result<CopyStep, String> {
         let [src, dest, owner, mode] = args else {
             return Err("COPY needs [src, dest, owner, mode]".into());
         };
-        if src.is_empty() || src.starts_with('/') || src.split('/').any(|c| c == "..") {
-            return Err(format!(
-                "COPY's source must be a path inside the build context, not '{src}'"
-            ));
-        }
+        check_source(src)?;
         if dest.is_empty() {
             return Err("COPY needs a destination".into());
         }
@@ -56,20 +77,8 @@ impl CopyStep {
         })
     }
 
-    /// The directory part of the source, before any glob: what the script takes from the
-    /// unpacked archive.
     fn base(&self) -> String {
-        let parts: Vec<&str> = self
-            .src
-            .split('/')
-            .filter(|c| !c.is_empty() && *c != ".")
-            .take_while(|c| !c.contains(['*', '?', '[', '{']))
-            .collect();
-        if parts.is_empty() {
-            ".".into()
-        } else {
-            parts.join("/")
-        }
+        source_base(&self.src)
     }
 
     /// The shell script that applies the step, run as root. `context` says who owns the files
@@ -124,7 +133,6 @@ elif [ "${{dest%/}}" != "$dest" ] || [ -d "$dest" ]; then
 else
   mkdir -p "$(dirname "$dest")" && cp -a "$src" "$dest"
 fi
-rm -rf "$inbox"
 "#,
             base = q(&self.base()),
             dest = q(&self.dest),

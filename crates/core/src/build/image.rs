@@ -6,8 +6,8 @@
 //! `run.rs`), so no byte of an image is interpreted here.
 //!
 //! The server fetches from registries itself, so a name must not make it reach what only it
-//! can reach: a registry whose name resolves to a loopback, private or link-local address is
-//! refused unless the server was started with `--insecure-registry` naming it (which also
+//! can reach: a registry whose name resolves to an address no sandbox may reach either
+//! ([`crate::egress::PLATFORM_DENY`]: loopback, private, link-local, …) is refused unless the server was started with `--insecure-registry` naming it (which also
 //! allows plain HTTP, for a registry on loopback).
 
 use oci_client::client::{ClientConfig, ClientProtocol};
@@ -192,23 +192,11 @@ impl Registries {
     }
 }
 
-/// Whether an address is on the public internet (not loopback, private, link-local, shared or
-/// otherwise special).
+/// Whether an address is one a sandbox could reach too: not in the ranges no sandbox may reach
+/// ([`crate::egress::PLATFORM_DENY`]), nor their IPv6 counterparts.
 fn is_public(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            !(v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-                || a >= 240)
-        }
+        IpAddr::V4(v4) => !crate::egress::platform_deny().any(|net| net.contains(v4)),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => is_public(IpAddr::V4(v4)),
             None => {

@@ -94,13 +94,6 @@ impl Builder {
                 Some(label.clone()),
                 &format!("[{}/{total}] {}", i + 1, describe(&step.kind)),
             );
-            let command = |program| AgentCommand {
-                program,
-                user: "root".into(),
-                cwd: Some("/".into()),
-                envs: Default::default(),
-                timeout: self.step_timeout,
-            };
             let (command, archive, inputs) = match &step.kind {
                 StepKind::Env(pairs) => {
                     progress.context.env.extend(pairs.iter().cloned());
@@ -127,7 +120,7 @@ impl Builder {
                     (run, None, "")
                 }
                 StepKind::Copy(copy) => (
-                    command(Program::Shell(copy.script(&progress.context))),
+                    self.as_root(Program::Shell(copy.script(&progress.context))),
                     Some(self.uploads.archive(&job.template_id, &copy.files_hash)),
                     copy.files_hash.as_str(),
                 ),
@@ -209,6 +202,7 @@ impl Builder {
         }
         let mut progress = Progress {
             chain: vec![scratch.clone()],
+            // Every layer is this template's own, the scratch one included.
             own_from: 0,
             // The scratch layer's name has its version.
             key: hash(&[&scratch.file_name().unwrap_or_default().to_string_lossy()]),
@@ -220,12 +214,8 @@ impl Builder {
             rebuilding: job.definition.force,
         };
         let inbox = format!("/{INBOX}/{ARCHIVE}");
-        let root = |argv: &[&str]| AgentCommand {
-            program: Program::Exec(argv.iter().map(|a| a.to_string()).collect()),
-            user: "root".into(),
-            cwd: Some("/".into()),
-            envs: Default::default(),
-            timeout: self.step_timeout,
+        let root = |argv: &[&str]| {
+            self.as_root(Program::Exec(argv.iter().map(|a| a.to_string()).collect()))
         };
         for (digest, blob) in image.layers {
             let shown = format!("layer {digest}");
@@ -253,8 +243,18 @@ impl Builder {
             force: false,
         };
         self.layer_step(job, &mut progress, work, log).await?;
-        progress.own_from = 0;
         Ok(progress)
+    }
+
+    /// A step's tool, run as root in `/` with no environment of the template's.
+    fn as_root(&self, program: Program) -> AgentCommand {
+        AgentCommand {
+            program,
+            user: "root".into(),
+            cwd: Some("/".into()),
+            envs: Default::default(),
+            timeout: self.step_timeout,
+        }
     }
 
     /// Takes the step's layer from the cache, or makes it, and moves the build on to it.

@@ -201,9 +201,11 @@ impl Lifecycle {
         self.store.put_template(template)?;
         self.delete_stale_goldens().await;
         // Just built: it is about to be used.
-        let mut pools = self.pools.lock();
-        pools.entry(template.name.clone()).or_default().wanted_at = Some(Instant::now());
-        drop(pools);
+        self.pools
+            .lock()
+            .entry(template.name.clone())
+            .or_default()
+            .wanted_at = Some(Instant::now());
         self.refill.notify_one();
         Ok(())
     }

@@ -30,7 +30,7 @@
 use super::links::LINK_PREFIX;
 use crate::host_cmd;
 use airlock_core::driver::DriverError;
-use airlock_core::egress::{Egress, Ipv4Net};
+use airlock_core::egress::{platform_deny, Egress, Ipv4Net};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::process::Stdio;
@@ -39,21 +39,6 @@ use std::process::Stdio;
 pub(crate) const DNS_PORT: u16 = 10053;
 /// Where netd's domain proxy listens, admitted the same way.
 pub(crate) const PROXY_PORT: u16 = 10054;
-
-/// Ranges no sandbox may reach, whatever its policy: "this network", private (RFC 1918),
-/// shared address space (RFC 6598), loopback, link-local (cloud metadata), benchmarking,
-/// multicast and reserved.
-const PLATFORM_DENY: &[&str] = &[
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "224.0.0.0/3",
-];
 
 const TABLE: &str = "inet airlock";
 
@@ -116,13 +101,9 @@ impl Firewall {
     }
 }
 
-/// [`PLATFORM_DENY`] and the host's own networks.
+/// [`platform_deny`] and the host's own networks.
 pub(crate) fn deny_set(host_nets: Vec<Ipv4Net>) -> Vec<Ipv4Net> {
-    PLATFORM_DENY
-        .iter()
-        .map(|n| n.parse().expect("valid constant"))
-        .chain(host_nets)
-        .collect()
+    platform_deny().chain(host_nets).collect()
 }
 
 /// The whole table, without sandboxes. When the host did not forward before, it forwards only
