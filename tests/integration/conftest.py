@@ -43,6 +43,23 @@ def server(registry, private_registry):
 
 
 @pytest.fixture
+def restarted(server):
+    """`restart(*flags, listen_host=...)` restarts the server with more `serve` flags (the
+    session's are kept) and, if asked, on another address; it is put back afterwards."""
+    saved_host, saved_flags = server.listen_host, list(server.extra_args)
+
+    def restart(*flags, listen_host=saved_host):
+        server.stop()
+        server.listen_host, server.extra_args = listen_host, saved_flags + list(flags)
+        server.start()
+
+    yield restart
+    server.stop()
+    server.listen_host, server.extra_args = saved_host, saved_flags
+    server.start()
+
+
+@pytest.fixture
 def names(server):
     """Template names for one test; each is deleted afterwards (with its key's API key)."""
     from e2b import Sandbox

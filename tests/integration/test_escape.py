@@ -95,21 +95,10 @@ print(json.dumps({{"targets": {{f"{{h}}:{{p}}": connect(h, p) for h, p in {targe
 
 
 @pytest.fixture
-def api_on_all_addresses(server):
+def api_on_all_addresses(restarted):
     """Restarts the server listening on every host address, so that the control API is there to
-    be reached from a sandbox; `extra_args` sets more flags. Restores it afterwards."""
-
-    saved = (server.listen_host, list(server.extra_args))
-
-    def restart(*extra_args):
-        server.stop()
-        server.listen_host, server.extra_args = "0.0.0.0", saved[1] + list(extra_args)
-        server.start()
-
-    yield restart
-    server.stop()
-    server.listen_host, server.extra_args = saved
-    server.start()
+    be reached from a sandbox, with more flags if given. Restores it afterwards."""
+    return lambda *flags: restarted(*flags, listen_host="0.0.0.0")
 
 
 def test_control_api_metadata_and_neighbours_are_unreachable(server, api_on_all_addresses, sandbox_factory):

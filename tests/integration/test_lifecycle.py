@@ -185,11 +185,10 @@ def test_routing_by_host_header(server, sandbox):
     assert resp.status == 502 and b"The sandbox was not found" in resp.read()
 
 
-def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server):
+def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server, restarted):
     """`--pool-idle-secs`: a template nobody creates sandboxes of loses its pool (its idle
     sandboxes cost memory and CPU); a create still works (from the golden image) and makes
     the pool fill again."""
-    saved = list(server.extra_args)
     bundles = server.data_dir / "gvisor" / "bundles"
     handed = set()  # a killed sandbox's bundle may outlive it for a moment
 
@@ -206,19 +205,12 @@ def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server
             time.sleep(0.5)
         raise AssertionError(f"{what}: {pooled()}")
 
-    server.stop()
-    server.extra_args = saved + ["--pool-idle-secs", "20"]
-    server.start()
+    restarted("--pool-idle-secs", "20")
+    wait_for(lambda: not pooled(), "the pools of unused templates were not emptied")
+    sbx = Sandbox.create("base")
+    handed.add(sbx.sandbox_id)
     try:
-        wait_for(lambda: not pooled(), "the pools of unused templates were not emptied")
-        sbx = Sandbox.create("base")
-        handed.add(sbx.sandbox_id)
-        try:
-            assert sbx.commands.run("echo from the golden image").stdout == "from the golden image\n"
-        finally:
-            sbx.kill()
-        wait_for(lambda: len(pooled()) >= 1, "base's pool was not filled again")
+        assert sbx.commands.run("echo from the golden image").stdout == "from the golden image\n"
     finally:
-        server.stop()
-        server.extra_args = saved
-        server.start()
+        sbx.kill()
+    wait_for(lambda: len(pooled()) >= 1, "base's pool was not filled again")

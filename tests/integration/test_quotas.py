@@ -11,16 +11,10 @@ from conftest import airlock_key
 
 
 @pytest.fixture
-def small_server(server):
+def small_server(server, restarted):
     """The server restarted with room for 8 sandboxes; restored afterwards."""
-    saved = list(server.extra_args)
-    server.stop()
-    server.extra_args = saved + ["--max-sandboxes", "8"]
-    server.start()
-    yield server
-    server.stop()
-    server.extra_args = saved
-    server.start()
+    restarted("--max-sandboxes", "8")
+    return server
 
 
 def test_forty_creates_against_room_for_eight(small_server):

@@ -106,22 +106,6 @@ def test_a_failing_step_fails_the_build_with_its_command_exit_code_and_output(na
     assert not Template.exists(name)
 
 
-@pytest.fixture
-def restarted(server):
-    """Restarts the server with more flags; puts the session's flags back afterwards."""
-    saved = list(server.extra_args)
-
-    def restart(*flags):
-        server.stop()
-        server.extra_args = saved + list(flags)
-        server.start()
-
-    yield restart
-    server.stop()
-    server.extra_args = saved
-    server.start()
-
-
 def test_a_step_that_fills_the_disk_is_stopped_and_the_server_carries_on(
         server, names, restarted):
     """The server keeps `--build-min-free-mb` free on the templates disk: a step that writes
