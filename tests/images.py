@@ -35,9 +35,11 @@ def run(*cmd, cwd=None):
 
 class Registry:
     """`docker-registry serve` on a free loopback port, storing in a private temp dir. With
-    `credentials` (user, password), every request needs them (HTTP basic, an htpasswd file)."""
+    `credentials` (user, password), every request needs them (HTTP basic, an htpasswd file).
+    With `redirect` (a base URL), it answers blob downloads by redirecting there, as registries
+    that serve blobs from a CDN do (the storage `redirect` middleware)."""
 
-    def __init__(self, credentials=None):
+    def __init__(self, credentials=None, redirect=None):
         self.dir = Path(tempfile.mkdtemp(prefix="airlock-registry-"))
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -48,6 +50,9 @@ class Registry:
                                       capture_output=True, text=True).stdout
             (self.dir / "htpasswd").write_text(htpasswd)
             auth = f"auth:\n  htpasswd:\n    realm: airlock-test\n    path: {self.dir / 'htpasswd'}\n"
+        if redirect:
+            auth += ("middleware:\n  storage:\n    - name: redirect\n      options:\n"
+                     f"        baseurl: {redirect}\n")
         config = self.dir / "config.yml"
         config.write_text(
             "version: 0.1\n"

@@ -2,7 +2,9 @@
 by the server, each layer applied inside a build sandbox, then provisioned with what a sandbox
 needs. One image is Debian with pip, the other BusyBox and musl with no glibc or bash."""
 
+import http.server
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from e2b import BuildException, Sandbox, Template
 
 from conftest import AIRLOCK, API_KEY
 from harness import build_messages as messages
-from images import debian_layout, musl_layout
+from images import Registry, debian_layout, musl_layout
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,47 @@ def test_a_registry_at_a_private_address_needs_the_operator(names, registry):
         Template.build(Template().from_image("127.0.0.1:9/test/debian:1"), name)
     text = str(err.value)
     assert "private address" in text and "--insecure-registry 127.0.0.1:9" in text, text
+
+
+def test_a_registry_cannot_send_the_pull_on_to_a_private_address(names, restarted):
+    """A registry the operator allowed redirects its blob downloads to another port on
+    loopback (a canary that records what reaches it). The server follows the redirect only
+    when the operator named that address too (the positive control: the canary sees the
+    request); otherwise the canary sees nothing and the build says what was refused."""
+    hits = []
+
+    class Canary(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    canary = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Canary)
+    threading.Thread(target=canary.serve_forever, daemon=True).start()
+    canary_address = f"127.0.0.1:{canary.server_port}"
+    redirecting = Registry(redirect=f"http://{canary_address}")
+    try:
+        image = redirecting.push(musl_layout(), "latest", "cdn/musl:1")
+        restarted("--insecure-registry", redirecting.address,
+                  "--insecure-registry", canary_address)
+        with pytest.raises(BuildException):
+            Template.build(Template().from_image(image), names())
+        assert hits, "the positive control: the redirect reaches the canary when allowed"
+
+        hits.clear()
+        restarted("--insecure-registry", redirecting.address)
+        name = names()
+        with pytest.raises(BuildException) as err:
+            Template.build(Template().from_image(image), name)
+        text = str(err.value)
+        assert hits == [], hits
+        assert "refused to connect" in text and canary_address in text, text
+        assert not Template.exists(name)
+    finally:
+        canary.shutdown()
+        redirecting.stop()
 
 
 def test_a_private_registry_is_pulled_from_with_its_credentials_only(names, private_registry):

@@ -124,6 +124,10 @@ pub trait Driver: Send + Sync + 'static {
     /// (a new agent binary or runtime), so cached images are keyed by it.
     fn fingerprint(&self) -> String;
 
+    /// The networks no sandbox may reach, whatever its policy: the platform's ranges and the
+    /// host's own. A template build's image pull may not reach them either.
+    fn unreachable(&self) -> Vec<crate::egress::Ipv4Net>;
+
     /// Gives back to the host what the driver changed for sandboxes, once none runs any more
     /// (a clean shutdown).
     async fn shutdown(&self);

@@ -484,6 +484,10 @@ impl Driver for GvisorDriver {
         self.fingerprint.clone()
     }
 
+    fn unreachable(&self) -> Vec<airlock_core::egress::Ipv4Net> {
+        self.network.unreachable().to_vec()
+    }
+
     async fn shutdown(&self) {
         self.network.restore_forwarding();
     }

@@ -5,17 +5,17 @@
 //! Only the download happens on the host. The layers are applied inside build sandboxes (see
 //! `run.rs`), so no byte of an image is interpreted here.
 //!
-//! The server fetches from registries itself, so a name must not make it reach what only it
-//! can reach: a registry whose name resolves to an address no sandbox may reach either
-//! ([`crate::egress::PLATFORM_DENY`]: loopback, private, link-local, …) is refused unless the server was started with `--insecure-registry` naming it (which also
-//! allows plain HTTP, for a registry on loopback).
+//! The server fetches from registries itself, so a pull connects only where a sandbox could
+//! (see [`super::pull_guard`]): a registry at a private address, and plain HTTP, need the
+//! operator's `--insecure-registry`.
 
+use super::pull_guard::{Guard, Reach};
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What `from_image` names: the image, and credentials for its registry.
 #[derive(Debug, Clone)]
@@ -37,18 +37,17 @@ pub struct PulledImage {
 /// Pulls images and keeps their blobs.
 pub struct Registries {
     blobs: PathBuf,
-    /// `host[:port]`s allowed over plain HTTP and at private addresses.
-    insecure: Vec<String>,
+    reach: Arc<Reach>,
 }
 
 impl Registries {
-    pub fn new(templates_dir: &Path, insecure: Vec<String>) -> Self {
+    pub fn new(templates_dir: &Path, reach: Reach) -> Self {
         // The registry client's TLS needs a crypto provider chosen for the process; an error
         // means one is chosen already.
         let _ = rustls::crypto::ring::default_provider().install_default();
         Registries {
             blobs: templates_dir.join("blobs").join("sha256"),
-            insecure,
+            reach: Arc::new(reach),
         }
     }
 
@@ -65,31 +64,53 @@ impl Registries {
             .map_err(|e| format!("'{}' is not an image name: {e}", source.reference))?;
         let registry = reference.resolve_registry().to_owned();
         self.check_registry(&registry).await?;
+        let guard = Guard::start(self.reach.clone())
+            .await
+            .map_err(|e| format!("starting the pull's proxy: {e}"))?;
         let client = Client::new(ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(self.insecure.clone()),
+            protocol: ClientProtocol::HttpsExcept(self.reach.insecure.clone()),
+            https_proxy: Some(guard.url()),
+            http_proxy: Some(guard.url()),
             platform_resolver: Some(Box::new(oci_client::client::linux_amd64_resolver)),
             connect_timeout: Some(std::time::Duration::from_secs(15)),
             read_timeout: Some(std::time::Duration::from_secs(60)),
             ..Default::default()
         });
+        self.pull_through(&client, &reference, source, progress)
+            .await
+            .map_err(|e| match guard.refused().as_slice() {
+                [] => e,
+                refused => format!("{e} (refused to connect: {})", refused.join("; ")),
+            })
+    }
+
+    /// [`Registries::pull`]'s work, with a client that connects only through the guard.
+    async fn pull_through(
+        &self,
+        client: &Client,
+        reference: &Reference,
+        source: &ImageSource,
+        progress: &(dyn Fn(String) + Sync),
+    ) -> Result<PulledImage, String> {
+        let registry = reference.resolve_registry();
         let auth = match &source.credentials {
             Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
             None => RegistryAuth::Anonymous,
         };
         let (manifest, digest, config) = client
-            .pull_manifest_and_config(&reference, &auth)
+            .pull_manifest_and_config(reference, &auth)
             .await
             .map_err(|e| match (e, &source.credentials) {
-            (OciDistributionError::UnauthorizedError { .. }, None) => format!(
-                "the registry {registry} wants credentials for {reference} (401): pass them \
+                (OciDistributionError::UnauthorizedError { .. }, None) => format!(
+                    "the registry {registry} wants credentials for {reference} (401): pass them \
                      with from_image(image, username=..., password=...)"
-            ),
-            (OciDistributionError::UnauthorizedError { .. }, Some((user, _))) => format!(
-                "the registry {registry} did not accept the credentials of '{user}' for \
+                ),
+                (OciDistributionError::UnauthorizedError { .. }, Some((user, _))) => format!(
+                    "the registry {registry} did not accept the credentials of '{user}' for \
                      {reference} (401)"
-            ),
-            (e, _) => format!("pulling {reference}: {e}"),
-        })?;
+                ),
+                (e, _) => format!("pulling {reference}: {e}"),
+            })?;
         progress(format!("{reference}: {digest}"));
         let config: oci_client::config::ConfigFile = serde_json::from_str(&config)
             .map_err(|e| format!("the image's config is not valid: {e}"))?;
@@ -104,7 +125,7 @@ impl Registries {
                     short(&layer.digest),
                     layer.size as f64 / 1e6
                 ));
-                self.download(&client, &reference, layer, &blob).await?;
+                self.download(client, reference, layer, &blob).await?;
             }
             layers.push((layer.digest.clone(), blob));
         }
@@ -165,49 +186,21 @@ impl Registries {
         result
     }
 
-    /// Refuses a registry that resolves to an address only this host should reach, unless
-    /// the server's operator named it with `--insecure-registry`.
+    /// Refuses a registry at an address only this host should reach, or over plain HTTP,
+    /// unless the server's operator named it with `--insecure-registry`. The guard would too,
+    /// but this says so in the registry's words.
     async fn check_registry(&self, registry: &str) -> Result<(), String> {
-        if self.insecure.iter().any(|r| r == registry) {
-            return Ok(());
-        }
-        let target = if registry.contains(':') {
-            registry.to_owned()
-        } else {
-            format!("{registry}:443")
+        let (host, port) = match registry.rsplit_once(':') {
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+                (host, port.parse().unwrap_or(443))
+            }
+            _ => (registry, 443),
         };
-        let addrs = tokio::net::lookup_host(&target)
+        self.reach
+            .resolve(host, port, false)
             .await
-            .map_err(|e| format!("cannot resolve the registry {registry}: {e}"))?;
-        for addr in addrs {
-            if !is_public(addr.ip()) {
-                return Err(format!(
-                    "the registry {registry} is at {}, a private address: the server's \
-                     operator can allow it with --insecure-registry {registry}",
-                    addr.ip()
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Whether an address is one a sandbox could reach too: not in the ranges no sandbox may reach
-/// ([`crate::egress::PLATFORM_DENY`]), nor their IPv6 counterparts.
-fn is_public(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => !crate::egress::platform_deny().any(|net| net.contains(v4)),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => is_public(IpAddr::V4(v4)),
-            None => {
-                let first = v6.segments()[0];
-                !(v6.is_loopback()
-                    || v6.is_unspecified()
-                    || v6.is_multicast()
-                    || (first & 0xfe00) == 0xfc00
-                    || (first & 0xffc0) == 0xfe80)
-            }
-        },
+            .map(drop)
+            .map_err(|why| format!("the registry {registry} cannot be reached: {why}"))
     }
 }
 
@@ -220,41 +213,26 @@ fn short(digest: &str) -> &str {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_public_addresses_are_public() {
-        for private in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "192.168.0.1",
-            "172.16.0.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "::1",
-            "fd00::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(!is_public(private.parse().unwrap()), "{private}");
-        }
-        for public in ["1.1.1.1", "151.101.0.223", "2606:4700::1111"] {
-            assert!(is_public(public.parse().unwrap()), "{public}");
+    fn reach(insecure: &[&str]) -> Reach {
+        Reach {
+            insecure: insecure.iter().map(|s| s.to_string()).collect(),
+            unreachable: crate::egress::platform_deny().collect(),
         }
     }
 
     #[tokio::test]
     async fn a_registry_on_loopback_needs_the_operator() {
         let tmp = tempfile::tempdir().unwrap();
-        let refused = Registries::new(tmp.path(), vec![]);
+        let refused = Registries::new(tmp.path(), reach(&[]));
         let err = refused.check_registry("127.0.0.1:5000").await.unwrap_err();
         assert!(err.contains("--insecure-registry 127.0.0.1:5000"), "{err}");
-        let allowed = Registries::new(tmp.path(), vec!["127.0.0.1:5000".into()]);
+        let allowed = Registries::new(tmp.path(), reach(&["127.0.0.1:5000"]));
         allowed.check_registry("127.0.0.1:5000").await.unwrap();
     }
 
     #[test]
     fn blob_paths_are_sha256_only() {
-        let r = Registries::new(Path::new("/t"), vec![]);
+        let r = Registries::new(Path::new("/t"), reach(&[]));
         let hex = "a".repeat(64);
         assert_eq!(
             r.blob_path(&format!("sha256:{hex}")).unwrap(),

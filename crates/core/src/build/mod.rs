@@ -11,6 +11,7 @@
 pub mod copy;
 pub mod image;
 pub mod layers;
+mod pull_guard;
 mod run;
 pub mod uploads;
 
@@ -147,6 +148,10 @@ impl Builder {
         templates_dir: &std::path::Path,
         options: BuildOptions,
     ) -> Arc<Self> {
+        let reach = pull_guard::Reach {
+            insecure: options.insecure_registries,
+            unreachable: driver.unreachable(),
+        };
         Arc::new(Builder {
             store,
             driver,
@@ -154,7 +159,7 @@ impl Builder {
             lifecycle,
             layers: Layers::new(templates_dir),
             uploads: uploads::Uploads::new(templates_dir),
-            registries: image::Registries::new(templates_dir, options.insecure_registries),
+            registries: image::Registries::new(templates_dir, reach),
             turns: Semaphore::new(options.at_once.max(1)),
             templates_dir: templates_dir.to_owned(),
             min_free_bytes: options.min_free_bytes,

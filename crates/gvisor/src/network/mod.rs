@@ -18,7 +18,7 @@ mod services;
 pub(crate) mod slots;
 
 use airlock_core::driver::DriverError;
-use airlock_core::egress::Egress;
+use airlock_core::egress::{Egress, Ipv4Net};
 use firewall::{Firewall, Install, DNS_PORT, PROXY_PORT};
 use services::Services;
 use slots::{SlotAddrs, Slots};
@@ -42,6 +42,8 @@ pub(crate) struct Network {
     slots: Slots,
     firewall: Firewall,
     services: Services,
+    /// What no sandbox may reach (see [`firewall::deny_set`]).
+    deny: Vec<Ipv4Net>,
 }
 
 impl Network {
@@ -86,7 +88,7 @@ impl Network {
         let services = Services::start(
             services::Config {
                 binary: setup.netd_binary,
-                deny,
+                deny: deny.clone(),
                 upstreams,
                 search,
                 dns,
@@ -100,7 +102,13 @@ impl Network {
             slots,
             firewall,
             services,
+            deny,
         })
+    }
+
+    /// What no sandbox may reach: the platform's ranges and the host's own networks.
+    pub fn unreachable(&self) -> &[Ipv4Net] {
+        &self.deny
     }
 
     /// A free slot for a new sandbox.

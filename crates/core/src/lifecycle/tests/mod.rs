@@ -105,6 +105,9 @@ impl Driver for RecordingDriver {
     fn fingerprint(&self) -> String {
         "test".into()
     }
+    fn unreachable(&self) -> Vec<crate::egress::Ipv4Net> {
+        crate::egress::platform_deny().collect()
+    }
     fn images(&self) -> Result<Vec<String>, DriverError> {
         Ok(self.images.lock().unwrap().iter().cloned().collect())
     }
