@@ -87,9 +87,9 @@ def main():
         print(f"from_template(base) + pip_install([requests]): cold {cold:.1f} s, "
               f"rebuilt from cache {cached:.1f} s")
 
-        # The built base in use: the newest complete one.
-        bases = [d for d in templates_dir.glob("base-*") if not d.name.endswith(".partial")]
-        base_size = du_bytes(max(bases, key=lambda d: d.stat().st_mtime) / "rootfs")
+        # The built base in use: its layers, as the server mounts them.
+        bases = [d for d in templates_dir.glob("mounts/base-*") if os.path.ismount(d)]
+        base_size = du_bytes(max(bases, key=lambda d: d.stat().st_mtime))
         for i in range(5):
             build_seconds(with_requests().run_cmd(f"echo {i} > /tmp/which", user="root"),
                           name(f"derived{i}"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Airlock needs on a Debian 12 host: gVisor's runsc (from bookworm-backports),
-# debootstrap for template rootfs builds, npm (to fetch Deno for the code interpreter),
+# debootstrap for the built-in templates' Debian root, npm (for the JavaScript SDK's tests),
 # iproute2, nftables and conntrack for per-sandbox networking, e2fsprogs for per-sandbox disks, and a
 # Python venv with the pinned e2b SDK for the demo and the integration tests.
 # Safe to run again: it only installs what is missing.
@@ -56,7 +56,6 @@ if ! command -v cargo >/dev/null; then
 fi
 add_backports
 apt_install debootstrap iproute2 nftables conntrack e2fsprogs util-linux ca-certificates python3-venv curl
-# npm fetches Deno (the code interpreter's JavaScript kernel) from the npm registry at build time.
 command -v npm >/dev/null || apt_install npm
 if ! command -v runsc >/dev/null; then
   if [ "$APT_UPDATED" -eq 0 ]; then apt-get update -qq; APT_UPDATED=1; fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gets a host ready to run Airlock against DATA_DIR: installs what is missing, builds the release
-# binaries, and builds both templates (cached by content hash: a few minutes the first time,
-# instant after that). Used by ./run.sh, ./test.sh and bench/run.sh.
+# binaries, and builds the built-in templates from templates/ (each step cached: a few minutes
+# the first time, seconds after that). Used by ./run.sh, ./test.sh and bench/run.sh.
 #   scripts/prepare.sh DATA_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,5 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 RUSTFLAGS='-C target-feature=+crt-static' \
   cargo build --locked --release --quiet -p airlock-agent --target "$host"
 install -m 0755 "target/$host/release/airlock-agent" target/release/airlock-agent
-echo "==> building the templates (first time: a few minutes; cached after that)"
-for template in base code-interpreter-v1; do
-  target/release/airlock --data-dir "$DATA_DIR" template build "$template"
-done
+echo "==> building the built-in templates (first time: a few minutes; cached after that)"
+target/release/airlock --data-dir "$DATA_DIR" serve --prepare-only

@@ -2,7 +2,7 @@
 `docker-registry` serves them on loopback, `umoci` makes them and `skopeo` pushes them.
 
 Two images, each made once and cached by what they are made of:
-- `debian`: the `base` template's Debian root filesystem as one layer, and a second layer that
+- `debian`: the `base` template's Debian root filesystem (as the server mounts it) as one layer, and a second layer that
   takes the `user` account and `/opt/airlock` out again (replaced files and whiteouts), so that
   the build must provision them;
 - `musl`: BusyBox (Debian's static build) and musl's dynamic loader, plus a program linked
@@ -117,10 +117,12 @@ def add_layer(layout: Path, tar: Path):
 
 def debian_layout() -> Path:
     """Tag `latest`: the `base` template's rootfs, then a layer that takes `user` (a replaced
-    /etc/passwd, group and shadow) and `/opt/airlock` (whiteouts) out again."""
-    bases = sorted(TEMPLATES.glob("base-*/rootfs"), key=lambda p: p.stat().st_mtime)
+    /etc/passwd, group and shadow) and `/opt/airlock` (whiteouts) out again. The rootfs is the
+    running server's mount of `base`'s layers."""
+    bases = sorted((p for p in TEMPLATES.glob("mounts/base-*") if os.path.ismount(p)),
+                   key=lambda p: p.stat().st_mtime)
     if not bases:
-        raise RuntimeError(f"no base template under {TEMPLATES}: run scripts/prepare.sh")
+        raise RuntimeError(f"no mounted base template under {TEMPLATES}: start the server first")
     rootfs = bases[-1]
 
     def make(layout: Path):
@@ -147,7 +149,7 @@ def debian_layout() -> Path:
             "--config.env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "--config.env", "IMAGE_FLAVOUR=debian")
 
-    return _cached_layout(f"debian:{rootfs.parent.name}", make)
+    return _cached_layout(f"debian:{rootfs.name}", make)
 
 
 HELLO_C = r"""

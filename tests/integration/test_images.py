@@ -16,7 +16,7 @@ from images import Registry, debian_layout, musl_layout
 
 
 @pytest.fixture(scope="module")
-def debian_image(registry):
+def debian_image(registry, server):
     return registry.push(debian_layout(), "latest", "test/debian:1")
 
 
@@ -258,6 +258,24 @@ def test_the_cli_builds_a_dockerfile(server, names, debian_image, tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "the server has these files already" in again.stdout, again.stdout
     assert "CACHED" in again.stdout, again.stdout
+
+
+def test_a_dockerfile_builds_on_a_built_in_template(server, names, tmp_path):
+    """`FROM base` in a Dockerfile the CLI builds is the built-in template (itself built from
+    templates/base/Dockerfile), as `from_template("base")` is, not an image of that name."""
+    (tmp_path / "Dockerfile").write_text("FROM base\nRUN pip --version > /opt/pip.txt\n")
+    name = names()
+    built = airlock_cli(server, "template", "build", "-f", str(tmp_path / "Dockerfile"),
+                        "-n", name)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "FROM template base" in built.stdout, built.stdout
+    sbx = Sandbox.create(name)
+    try:
+        run = sbx.commands.run("whoami; cat /opt/pip.txt")
+        assert run.stdout.splitlines()[0] == "user", run.stdout
+        assert run.stdout.splitlines()[1].startswith("pip "), run.stdout
+    finally:
+        sbx.kill()
 
 
 @pytest.mark.parametrize("line, expected", [

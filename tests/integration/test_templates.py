@@ -466,3 +466,46 @@ def test_the_js_sdks_builder_builds_and_starts_a_template(server, names, tmp_pat
     assert any("START python3 -m http.server 8080" in m for m in result["logs"]), result["logs"]
     assert result["first"] == {"status": 200, "body": "hello from a js-built template\n"}, result
     assert result["stdout"].split() == ["/srv/site", "hello-from-js", "hello-from-js"], result
+
+
+def test_files_nothing_uses_are_collected_at_start_and_used_ones_kept(names, restarted):
+    """A rebuild leaves the old build's layer unused, and a deleted template's layer is still
+    used while a paused sandbox runs on it. A restart collects the first and keeps the second
+    (the paused sandbox resumes on it); once that sandbox is gone, the next restart collects it
+    too. Layers are found by the file each step wrote."""
+    layers = Path(os.environ["AIRLOCK_TEMPLATES_DIR"]) / "layers"
+    tag = uuid.uuid4().hex[:12]
+
+    def layer_with(what):
+        return list(layers.glob(f"*/opt/{tag}-{what}"))
+
+    def build(name, what):
+        Template.build(Template().from_template("base")
+                       .run_cmd(f"touch /opt/{tag}-{what}", user="root"), name)
+
+    rebuilt, deleted = names(), names()
+    build(rebuilt, "old")
+    build(rebuilt, "new")
+    build(deleted, "paused")
+    paused = Sandbox.create(deleted)
+    try:
+        assert paused.pause() is True
+        assert Sandbox.delete_snapshot(deleted)
+        assert layer_with("old") and layer_with("new") and layer_with("paused")
+
+        restarted()
+        assert not layer_with("old"), "the replaced build's layer is collected"
+        assert layer_with("new") and layer_with("paused")
+        paused.connect()
+        assert paused.commands.run(f"ls /opt/{tag}-paused").exit_code == 0
+    finally:
+        paused.kill()
+    sbx = Sandbox.create(rebuilt)
+    try:
+        assert sbx.commands.run(f"ls /opt/ | grep {tag}").stdout.split() == [f"{tag}-new"]
+    finally:
+        sbx.kill()
+
+    restarted()
+    assert not layer_with("paused"), "collected once no sandbox runs on it"
+    assert layer_with("new")

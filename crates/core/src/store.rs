@@ -956,4 +956,49 @@ mod tests {
         assert_eq!(store.api_key_count().unwrap(), 0);
         assert_eq!(store.api_keys().unwrap()[0].revoked_at, Some(2));
     }
+
+    #[test]
+    fn only_each_templates_newest_builds_are_kept() {
+        use super::{BuildRecord, BuildStatus, LogEntry, LogLevel};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        let build = |template: &str, id: &str, at: i64| {
+            let template = TemplateName::parse(template).unwrap();
+            store
+                .insert_build(&BuildRecord {
+                    id: id.into(),
+                    template_id: template,
+                    status: BuildStatus::Ready,
+                    failure: None,
+                    created_at: at,
+                    finished_at: None,
+                })
+                .unwrap();
+            let entry = LogEntry {
+                at_ms: at,
+                level: LogLevel::Info,
+                step: None,
+                message: id.into(),
+            };
+            store.append_build_log(id, &entry).unwrap();
+        };
+        for at in 1..=4 {
+            build("a", &format!("a{at}"), at);
+        }
+        build("b", "b1", 1);
+        store.prune_builds(2).unwrap();
+        let ids = |t: &str| -> Vec<String> {
+            let t = TemplateName::parse(t).unwrap();
+            store
+                .builds_of(&t)
+                .unwrap()
+                .into_iter()
+                .map(|b| b.id)
+                .collect()
+        };
+        assert_eq!(ids("a"), ["a4", "a3"]);
+        assert_eq!(ids("b"), ["b1"]);
+        assert!(store.build_logs("a1", 0, 10).unwrap().is_empty());
+        assert_eq!(store.build_logs("a4", 0, 10).unwrap().len(), 1);
+    }
 }

@@ -1,7 +1,7 @@
-//! End-to-end check of the gVisor driver on a real host (needs root, runsc, debootstrap).
+//! End-to-end check of the gVisor driver on a real host (needs root and runsc).
 //!
-//! `cargo run -p airlock-gvisor --example smoke [DATA_DIR]` (default `/var/lib/airlock-dev`):
-//! builds (or reuses) the `base` template, starts two sandboxes whose "agent" is a small Python
+//! `cargo run -p airlock-gvisor --example smoke [DATA_DIR]` (default `/var/lib/airlock-dev`,
+//! which `scripts/prepare.sh DATA_DIR` prepares): takes the `base` template built there, starts two sandboxes whose "agent" is a small Python
 //! HTTP server standing in for the real one, checks addresses, isolation and what the sandbox
 //! sees, destroys both and checks that nothing is left on the host. Prints timings.
 
@@ -72,17 +72,13 @@ async fn main() -> anyhow::Result<()> {
             .nth(1)
             .unwrap_or_else(|| "/var/lib/airlock-dev".into()),
     );
-    let templates = data.join("templates");
-    std::fs::create_dir_all(&templates)?;
     let store = Store::open(&data.join("airlock.db"))?;
 
-    let recipe = template::recipe(&TemplateName::parse("base")?).context("no base recipe")?;
-    let t = Instant::now();
-    let record = template::build(&recipe, &templates, &store, &mut |l: &str| {
-        println!("  {l}")
-    })
-    .await?;
-    println!("template: {} ({:?})", record.rootfs.display(), t.elapsed());
+    // `airlock serve` (or scripts/prepare.sh) builds it into the data dir.
+    let record = store
+        .template(&TemplateName::parse(template::BASE)?)?
+        .context("no base template in this data dir: run scripts/prepare.sh DATA_DIR first")?;
+    println!("template: {}", record.rootfs.display());
 
     let agent = data.join("fake-agent.py");
     std::fs::write(&agent, FAKE_AGENT)?;

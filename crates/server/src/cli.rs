@@ -4,7 +4,6 @@
 
 use crate::data_dir::DataDir;
 use crate::dockerfile_build::DockerfileBuild;
-use airlock_core::ids::TemplateName;
 use airlock_core::store::{KeyLimits, Store};
 use airlock_wire::api::{ErrorBody, SandboxDetail};
 use airlock_wire::connect::{self, Decoder};
@@ -61,45 +60,43 @@ pub enum TemplateCommand {
     /// ENTRYPOINT as the start command that is already running when a sandbox starts. Steps
     /// whose inputs did not change come from the cache. Then `Sandbox.create("NAME")`.
     ///
-    /// `airlock template build base` (or code-interpreter-v1) builds a built-in template's
-    /// root filesystem on this host instead (needs root; reuses the cache when nothing
-    /// changed).
+    /// The built-in templates (base, code-interpreter-v1) are Dockerfiles too, in the
+    /// repository's templates/ directory: `airlock serve` builds them the same way when it
+    /// starts.
     Build {
-        /// With -f: the build context, where COPY finds its sources [default: the Dockerfile's
-        /// directory]. Without: the built-in template to build (base, code-interpreter-v1).
-        #[arg(required_unless_present = "file")]
-        target: Option<String>,
+        /// The build context, where COPY finds its sources [default: the Dockerfile's
+        /// directory].
+        context: Option<PathBuf>,
         /// The Dockerfile to build.
-        #[arg(short = 'f', long = "file", requires = "name")]
-        file: Option<PathBuf>,
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
         /// The template's name, which sandboxes are created from.
-        #[arg(short = 'n', long, requires = "file")]
-        name: Option<String>,
+        #[arg(short = 'n', long)]
+        name: String,
         /// CPUs for the template's sandboxes [default: the server's].
-        #[arg(long, requires = "file")]
+        #[arg(long)]
         cpu_count: Option<u32>,
         /// Memory for the template's sandboxes, in MiB [default: the server's].
-        #[arg(long, requires = "file")]
+        #[arg(long)]
         memory_mb: Option<u32>,
         /// A shell command that must exit 0 before the start command counts as ready, e.g.
         /// `curl -fs localhost:8000` [default: wait 20 s, as E2B does].
-        #[arg(long, requires = "file")]
+        #[arg(long)]
         ready_cmd: Option<String>,
         /// Run every step again, even those in the cache.
-        #[arg(long, requires = "file")]
+        #[arg(long)]
         no_cache: bool,
     },
 }
 
 impl TemplateCommand {
-    /// A Dockerfile build (which goes to the server), or the command as it was (which works
-    /// on the data dir).
+    /// A Dockerfile build (which goes to the server), or `ls` (which reads the data dir).
     pub fn into_dockerfile_build(self) -> Result<DockerfileBuild, TemplateCommand> {
         match self {
             TemplateCommand::Build {
-                target,
-                file: Some(dockerfile),
-                name: Some(name),
+                context,
+                file: dockerfile,
+                name,
                 cpu_count,
                 memory_mb,
                 ready_cmd,
@@ -107,7 +104,7 @@ impl TemplateCommand {
             } => Ok(DockerfileBuild {
                 dockerfile,
                 name,
-                context: target.map(PathBuf::from),
+                context,
                 cpu_count,
                 memory_mb,
                 ready_cmd,
@@ -444,62 +441,24 @@ async fn exec(
     }
 }
 
-pub async fn template(cmd: TemplateCommand, data: &DataDir) -> Result<ExitCode, CliError> {
-    match cmd {
-        TemplateCommand::Ls => {
-            let store = open_store(data)?;
-            let rows: Vec<[String; 4]> = store
-                .templates()
-                .map_err(|e| CliError::Other(e.into()))?
-                .into_iter()
-                .map(|t| {
-                    [
-                        t.name.to_string(),
-                        t.content_hash.chars().take(12).collect(),
-                        format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
-                        rfc3339(t.built_at),
-                    ]
-                })
-                .collect();
-            print_table(&["NAME", "HASH", "SIZE", "BUILT"], &rows);
-            Ok(ExitCode::SUCCESS)
-        }
-        TemplateCommand::Build { target: None, .. } => Err(CliError::Failed(
-            "name a built-in template (base, code-interpreter-v1), or a Dockerfile with -f \
-             Dockerfile -n NAME"
-                .into(),
-        )),
-        TemplateCommand::Build {
-            target: Some(name), ..
-        } => {
-            let parsed = TemplateName::parse(&name).map_err(|e| CliError::Failed(e.to_string()))?;
-            let recipe = airlock_core::template::recipe(&parsed).ok_or_else(|| {
-                CliError::Failed(format!(
-                    "no recipe for template '{name}'; known templates: base"
-                ))
-            })?;
-            if !nix::unistd::geteuid().is_root() {
-                return Err(CliError::Failed(
-                    "building a template needs root (debootstrap, chroot)".into(),
-                ));
-            }
-            let store = open_store(data)?;
-            let started = std::time::Instant::now();
-            let mut progress = |line: &str| println!("  {line}");
-            let record =
-                airlock_core::template::build(&recipe, data.templates(), &store, &mut progress)
-                    .await
-                    .map_err(|e| CliError::Other(e.into()))?;
-            println!(
-                "template {} ready ({}, {:.0} MiB) in {:.1}s",
-                record.name,
-                &record.content_hash[..12],
-                record.size_bytes as f64 / (1024.0 * 1024.0),
-                started.elapsed().as_secs_f64()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-    }
+/// `airlock template ls`: the built templates in the data dir's database.
+pub fn template_ls(data: &DataDir) -> Result<ExitCode, CliError> {
+    let store = open_store(data)?;
+    let rows: Vec<[String; 4]> = store
+        .templates()
+        .map_err(|e| CliError::Other(e.into()))?
+        .into_iter()
+        .map(|t| {
+            [
+                t.name.to_string(),
+                t.content_hash.chars().take(12).collect(),
+                format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
+                rfc3339(t.built_at),
+            ]
+        })
+        .collect();
+    print_table(&["NAME", "HASH", "SIZE", "BUILT"], &rows);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn rfc3339(unix: i64) -> String {

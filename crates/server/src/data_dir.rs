@@ -1,10 +1,11 @@
 //! The data dir: its layout, and the rule that it is this process's own.
 //!
-//! Root reads the database (every sandbox's tokens), runs `chroot` into templates built there,
-//! and restores checkpoint images kept there. A dir that another user could have written into
-//! (a fixed path under `/tmp` that someone made first, say) would hand that user all of it, so
-//! the data dir, the templates dir and the files Airlock keeps in them must belong to this
-//! process's uid and be writable by nobody else; anything else is refused with what to fix.
+//! Root reads the database (every sandbox's tokens), mounts template layers kept there, runs
+//! debootstrap into it, and restores checkpoint images kept there. A dir that another user
+//! could have written into (a fixed path under `/tmp` that someone made first, say) would hand
+//! that user all of it, so the data dir, the templates dir and the files Airlock keeps in them
+//! must belong to this process's uid and be writable by nobody else; anything else is refused
+//! with what to fix.
 //! New directories are made 0700 and the database and key files 0600.
 
 use anyhow::{bail, Context};
@@ -67,6 +68,29 @@ impl DataDir {
     /// Where the generated API key is kept for the CLI (root-only).
     pub fn api_key_file(&self) -> PathBuf {
         self.root.join("api-key")
+    }
+
+    /// Every data dir's database that keeps its templates in this one's templates dir, this
+    /// one's first. The templates dir records them (`databases`, a path a line): this one is
+    /// added, and those that no longer exist are dropped. Collecting unused layers must heed
+    /// what every one of them uses.
+    pub fn databases_sharing_templates(&self) -> anyhow::Result<Vec<PathBuf>> {
+        let record = self.templates.join("databases");
+        let known = std::fs::read_to_string(&record).unwrap_or_default();
+        let own = self.db();
+        let mut all = vec![own.clone()];
+        all.extend(
+            known
+                .lines()
+                .map(PathBuf::from)
+                .filter(|db| *db != own && db.is_file()),
+        );
+        let text: String = all.iter().map(|db| format!("{}\n", db.display())).collect();
+        let partial = record.with_extension("partial");
+        std::fs::write(&partial, text)
+            .and_then(|()| std::fs::rename(&partial, &record))
+            .with_context(|| format!("writing {}", record.display()))?;
+        Ok(all)
     }
 
     /// Refuses a database or key file that another uid owns or can write; makes one that

@@ -5,6 +5,7 @@
 use crate::cli::{CliError, Client};
 use crate::dockerfile::{self, PlanStep};
 use airlock_core::build::copy::{check_source, source_base};
+use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
     BuildStatusBody, TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart,
     TemplateFileUpload, TemplateStep,
@@ -49,6 +50,53 @@ pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliE
     };
 
     // Every COPY's files are packed (so a missing source fails) before anything is made.
+    let (steps, packed) = wire_steps(&plan, &context, opts.no_cache, tar::HeaderMode::Complete)?;
+
+    let request = TemplateBuildRequest {
+        name: Some(opts.name.clone()),
+        cpu_count: opts.cpu_count,
+        memory_mb: opts.memory_mb,
+        ..TemplateBuildRequest::default()
+    };
+    let created: TemplateBuildCreated =
+        parse(&client.call_json("POST", "/v3/templates", &request).await?)?;
+    let (template, build) = (&created.template_id, &created.build_id);
+    for files in &packed {
+        upload(&client, template, files).await?;
+    }
+    // `FROM base` builds on the built-in, as `from_template("base")` does.
+    let built_in = KNOWN_TEMPLATES.contains(&plan.from_image.as_str());
+    let (from_template, from_image) = match built_in {
+        true => (Some(plan.from_image), None),
+        false => (None, Some(plan.from_image)),
+    };
+    let definition = TemplateBuildStart {
+        from_template,
+        from_image,
+        steps,
+        force: opts.no_cache,
+        start_cmd: plan.start_cmd,
+        ready_cmd: opts.ready_cmd,
+        ..TemplateBuildStart::default()
+    };
+    let path = format!("/v2/templates/{template}/builds/{build}");
+    client.call_json("POST", &path, &definition).await?;
+    println!(
+        "building {} (template {template}, build {build})",
+        opts.name
+    );
+    follow(&client, template, build, started).await
+}
+
+/// The plan's steps as the SDK sends them, with every COPY's files packed from `context`
+/// (`headers`: whether the archive keeps the files' times and owners, or is the same bytes for
+/// the same contents).
+pub(crate) fn wire_steps(
+    plan: &dockerfile::Plan,
+    context: &Path,
+    force: bool,
+    headers: tar::HeaderMode,
+) -> Result<(Vec<TemplateStep>, Vec<Packed>), CliError> {
     let mut packed = Vec::new();
     let mut steps = Vec::new();
     for step in &plan.steps {
@@ -66,7 +114,7 @@ pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliE
                 owner,
                 mode,
             } => {
-                let files = pack(&context, src, dest)?;
+                let files = pack(context, src, dest, headers)?;
                 let hash = files.hash.clone();
                 packed.push(files);
                 let args = vec![src.clone(), dest.clone(), owner.clone(), mode.clone()];
@@ -76,38 +124,12 @@ pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliE
         steps.push(TemplateStep {
             kind: kind.into(),
             args,
-            force: opts.no_cache,
+            force,
             files_hash,
         });
     }
 
-    let request = TemplateBuildRequest {
-        name: Some(opts.name.clone()),
-        cpu_count: opts.cpu_count,
-        memory_mb: opts.memory_mb,
-        ..TemplateBuildRequest::default()
-    };
-    let created: TemplateBuildCreated =
-        parse(&client.call_json("POST", "/v3/templates", &request).await?)?;
-    let (template, build) = (&created.template_id, &created.build_id);
-    for files in &packed {
-        upload(&client, template, files).await?;
-    }
-    let definition = TemplateBuildStart {
-        from_image: Some(plan.from_image),
-        steps,
-        force: opts.no_cache,
-        start_cmd: plan.start_cmd,
-        ready_cmd: opts.ready_cmd,
-        ..TemplateBuildStart::default()
-    };
-    let path = format!("/v2/templates/{template}/builds/{build}");
-    client.call_json("POST", &path, &definition).await?;
-    println!(
-        "building {} (template {template}, build {build})",
-        opts.name
-    );
-    follow(&client, template, build, started).await
+    Ok((steps, packed))
 }
 
 /// Prints the build's log as it grows, each line with the seconds since the command began,
@@ -143,13 +165,22 @@ async fn follow(
 }
 
 /// What one COPY takes from the context, packed as a tar, and the hash that names it.
-struct Packed {
-    src: String,
-    hash: String,
-    archive: std::fs::File,
+pub(crate) struct Packed {
+    pub src: String,
+    pub hash: String,
+    pub archive: std::fs::File,
 }
 
-fn pack(context: &Path, src: &str, dest: &str) -> Result<Packed, CliError> {
+impl Packed {
+    /// The archive, read from its start.
+    pub fn reader(&self) -> std::io::Result<std::fs::File> {
+        let mut file = self.archive.try_clone()?;
+        file.seek(SeekFrom::Start(0))?;
+        Ok(file)
+    }
+}
+
+fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<Packed, CliError> {
     let failed = |e: std::io::Error| CliError::Failed(format!("COPY {src}: {e}"));
     let base = copy_base(src)?;
     let on_disk = context.join(&base);
@@ -170,6 +201,7 @@ fn pack(context: &Path, src: &str, dest: &str) -> Result<Packed, CliError> {
         hasher: &mut hasher,
     });
     tar.follow_symlinks(false);
+    tar.mode(mode);
     if base == Path::new(".") {
         for entry in std::fs::read_dir(context).map_err(failed)? {
             let entry = entry.map_err(failed)?;
@@ -199,9 +231,7 @@ async fn upload(client: &Client, template: &str, files: &Packed) -> Result<(), C
         .url
         .ok_or_else(|| CliError::Failed(format!("COPY {src}: the server gave no upload link")))?;
     let archive = files
-        .archive
-        .try_clone()
-        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .reader()
         .map_err(|e| CliError::Failed(format!("COPY {src}: {e}")))?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(archive));
     let req = hyper::Request::put(&url)

@@ -122,6 +122,12 @@ enum Command {
         /// leak.
         #[arg(long)]
         insecure_open_network: bool,
+        /// Build the built-in templates (base, code-interpreter-v1) and their golden images,
+        /// then exit instead of serving. `serve` does the same at every start, from the cache
+        /// after the first; scripts/prepare.sh runs this so that the first `serve` starts at
+        /// once.
+        #[arg(long)]
+        prepare_only: bool,
     },
     /// List, kill and run commands in sandboxes.
     #[command(subcommand)]
@@ -191,6 +197,7 @@ async fn run(cli: Cli) -> ExitCode {
             build_min_free_mb,
             build_step_timeout,
             insecure_open_network,
+            prepare_only,
         } => serve::serve(serve::ServeOptions {
             listen,
             data_dir: cli.data_dir.clone(),
@@ -200,6 +207,7 @@ async fn run(cli: Cli) -> ExitCode {
             build_min_free_mb,
             build_step_timeout: Duration::from_secs(build_step_timeout),
             insecure_open_network,
+            prepare_only,
             limits: Limits {
                 max_sandboxes,
                 per_key: KeyQuota {
@@ -225,10 +233,8 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Template(cmd) => match cmd.into_dockerfile_build() {
             Ok(build) => airlock_server::dockerfile_build::run(client(), build).await,
-            Err(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
-                Ok(data) => cli::template(cmd, &data).await,
-                Err(e) => Err(e),
-            },
+            Err(_ls) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
+                .and_then(|data| cli::template_ls(&data)),
         },
         Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
             .and_then(|data| cli::key(cmd, &data)),

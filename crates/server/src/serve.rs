@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub build_step_timeout: std::time::Duration,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
+    /// Build the built-in templates and their golden images, then stop instead of serving.
+    pub prepare_only: bool,
 }
 
 /// `name` (`airlock-agent`, `airlock-netd`) is shipped next to the `airlock` binary.
@@ -212,6 +214,20 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             "recovered sandboxes from the last run"
         );
     }
+    println!("Building the built-in templates (the first time takes minutes; cached after that)");
+    let built = crate::builtins::ensure(&builder, &store, lifecycle.limits().default_resources);
+    if let Err(e) = built.await {
+        lifecycle.shutdown().await;
+        builder.unmount_templates().await;
+        return Err(e);
+    }
+    collect_garbage(&builder, &data).await;
+    if opts.prepare_only {
+        println!("The built-in templates are ready; not serving (--prepare-only)");
+        lifecycle.shutdown().await;
+        builder.unmount_templates().await;
+        return Ok(());
+    }
 
     let stop = CancellationToken::new();
     let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
@@ -284,6 +300,38 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     listen::serve(listener, app, wait_for_signal(), drain).await;
     let _ = reaper.await;
     Ok(())
+}
+
+/// Removes the layers, mounts and uploads that nothing uses any more (see
+/// `airlock_core::build::collect`), heeding every data dir that shares the templates dir. A
+/// failure is only logged: nothing is lost by keeping them.
+async fn collect_garbage(builder: &Builder, data: &DataDir) {
+    let databases = match data.databases_sharing_templates() {
+        Ok(dbs) => dbs,
+        Err(e) => return tracing::warn!(error = %e, "not collecting unused template files"),
+    };
+    let mut others = Vec::new();
+    for db in &databases[1..] {
+        match Store::open(db) {
+            Ok(store) => others.push(store),
+            // A store that cannot be read may use anything.
+            Err(e) => {
+                return tracing::warn!(db = %db.display(), error = %e,
+                    "another data dir's database cannot be read: not collecting unused template files")
+            }
+        }
+    }
+    let collected = builder.collect_garbage(&others).await;
+    match collected {
+        Ok(done) if done.bytes > 0 => tracing::info!(
+            layers = done.layers,
+            mounts = done.mounts,
+            freed_mb = done.bytes >> 20,
+            "collected what no template, sandbox or snapshot uses"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "collecting unused template files failed"),
+    }
 }
 
 async fn wait_for_signal() {

@@ -313,7 +313,7 @@ fn registry_credentials(
     }
 }
 
-fn step(s: &TemplateStep) -> Result<Step, String> {
+pub(crate) fn step(s: &TemplateStep) -> Result<Step, String> {
     let args = &s.args;
     let non_empty = |what: &str, v: &str| {
         if v.is_empty() || v.contains('\0') {

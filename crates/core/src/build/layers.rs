@@ -33,6 +33,14 @@ impl Layers {
         }
     }
 
+    pub fn layers_dir(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn mounts_dir(&self) -> &Path {
+        &self.mounts
+    }
+
     pub fn layer(&self, key: &str) -> PathBuf {
         self.root.join(key)
     }
@@ -103,6 +111,32 @@ impl Layers {
         Ok(layer)
     }
 
+    /// Makes layer `key` on the host with `make`, which fills the directory it is given: in a
+    /// work directory of build `build`, renamed into place only once `make` has succeeded.
+    pub async fn host_made<F, Fut>(&self, key: &str, build: &str, make: F) -> Result<(), String>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let dir = self.root.join(format!(".work-{build}"));
+        let discard =
+            |dir: PathBuf| async move { self.discard_dir(&dir).await.map_err(|e| e.to_string()) };
+        discard(dir.clone()).await?;
+        let root = dir.join("root");
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let made = make(root.clone()).await;
+        let kept = match made {
+            Ok(()) => tokio::fs::rename(&root, self.layer(key))
+                .await
+                .map_err(|e| format!("keeping layer {key}: {e}")),
+            Err(e) => Err(e),
+        };
+        discard(dir).await?;
+        kept
+    }
+
     /// Unmounts the step and keeps what it wrote as layer `key`, without the files the host
     /// handed it (see [`Layers::mount_step`]).
     pub async fn keep(&self, step: StepMount, key: &str) -> Result<PathBuf, BuildError> {
@@ -168,16 +202,54 @@ impl Layers {
     }
 
     /// Mounts `chain` (bottom first, at least two directories) read-only at `target`, unless
-    /// something is mounted there already (a restarted server's templates stay mounted).
+    /// something is mounted there already (a restarted server's templates stay mounted). The
+    /// chain is recorded beside the mount ([`Layers::chain_of`]), so that a sandbox's rootfs
+    /// whose template has gone can be mounted again, and its layers are known to be in use.
     pub async fn mount_rootfs(&self, chain: &[PathBuf], target: &Path) -> Result<(), BuildError> {
         if is_mount_point(target) {
             return Ok(());
         }
+        let record = chain_record(target);
+        let listed: String = chain.iter().map(|l| format!("{}\n", l.display())).collect();
+        tokio::fs::write(&record, listed)
+            .await
+            .map_err(BuildError::io(format!("writing {}", record.display())))?;
         tokio::fs::create_dir_all(target)
             .await
             .map_err(BuildError::io(format!("creating {}", target.display())))?;
         mount_overlay(&format!("ro,lowerdir={}", lowerdir(chain)?), target).await
     }
+
+    /// The layers of the rootfs mount at `target`, bottom first, as [`Layers::mount_rootfs`]
+    /// recorded them; `None` if it did not (a mount made before it recorded them).
+    pub fn chain_of(&self, target: &Path) -> Option<Vec<PathBuf>> {
+        let listed = std::fs::read_to_string(chain_record(target)).ok()?;
+        Some(listed.lines().map(PathBuf::from).collect())
+    }
+
+    /// Unmounts (if mounted) and removes the rootfs mount at `target` and its record.
+    pub async fn remove_rootfs(&self, target: &Path) -> Result<(), BuildError> {
+        if is_mount_point(target) {
+            unmount(target).await?;
+        }
+        let record = chain_record(target);
+        if record.exists() {
+            tokio::fs::remove_file(&record)
+                .await
+                .map_err(BuildError::io(format!("removing {}", record.display())))?;
+        }
+        if target.exists() {
+            remove_all(target).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the chain of the rootfs mount at `target` is recorded: `{target}.layers`.
+fn chain_record(target: &Path) -> PathBuf {
+    let mut name = target.file_name().unwrap_or_default().to_owned();
+    name.push(".layers");
+    target.with_file_name(name)
 }
 
 /// The scratch layer's name; bump its version when [`make_scratch`] changes.

@@ -8,7 +8,9 @@
 //! Builds take turns ([`BuildOptions::at_once`]), so that they never take the cores the
 //! running sandboxes need.
 
+mod collect;
 pub mod copy;
+pub mod debian;
 pub mod image;
 pub mod layers;
 mod pull_guard;
@@ -19,6 +21,7 @@ use crate::driver::{Driver, DriverError, Resources};
 use crate::ids::TemplateName;
 use crate::lifecycle::{AgentClient, Lifecycle};
 use crate::store::{BuildStatus, LogEntry, LogLevel, Store, StoreError, TemplateRecord};
+pub use collect::Collected;
 use layers::Layers;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +51,9 @@ pub enum BuildBase {
     Template(TemplateRecord),
     /// An image in an OCI registry.
     Image(image::ImageSource),
+    /// Debian's minimal root filesystem for a suite (`bookworm`), made with debootstrap from
+    /// the host's apt mirror: only the built-in templates' definitions start here.
+    Debian { suite: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +196,14 @@ impl Builder {
                     .await?;
             }
         }
+        // Sandboxes and snapshots of builds that are no longer a template's (a deleted
+        // template's, an older build's) run on mounts that only they know.
+        let rootfs = self.store.sandboxes()?.into_iter().map(|s| s.rootfs);
+        for rootfs in rootfs.chain(self.store.snapshots()?.into_iter().map(|s| s.rootfs)) {
+            if let Some(chain) = self.layers.chain_of(&rootfs) {
+                self.layers.mount_rootfs(&chain, &rootfs).await?;
+            }
+        }
         Ok(())
     }
 
@@ -204,28 +218,36 @@ impl Builder {
     pub fn start(self: &Arc<Self>, job: BuildJob) {
         let builder = self.clone();
         tokio::spawn(async move {
-            let _turn = builder.turns.acquire().await;
-            let id = job.build_id.clone();
-            let log = BuildLog::new(builder.store.clone(), id.clone());
-            let result = builder.run(&job, &log).await;
-            let outcome = match &result {
-                Ok(()) => builder
-                    .store
-                    .set_build_status(&id, BuildStatus::Ready, None, now()),
-                Err(failure) => {
-                    log.write(LogLevel::Error, failure.step.clone(), &failure.message);
-                    builder.store.set_build_status(
-                        &id,
-                        BuildStatus::Error,
-                        Some((&failure.message, failure.step.as_deref())),
-                        now(),
-                    )
-                }
-            };
-            if let Err(e) = outcome {
-                tracing::error!(build = %id, error = %e, "recording the build's end failed");
-            }
+            let _ = builder.build(&job, None).await;
         });
+    }
+
+    /// Runs the build when its turn comes, and records how it ended. With `echo`, every line
+    /// of its log is also printed, after that prefix (the server's own built-in templates).
+    pub async fn build(&self, job: &BuildJob, echo: Option<&str>) -> Result<(), Failure> {
+        let _turn = self.turns.acquire().await;
+        let id = &job.build_id;
+        let mut log = BuildLog::new(self.store.clone(), id.clone());
+        log.echo = echo.map(|prefix| (prefix.to_owned(), std::time::Instant::now()));
+        let result = self.run(job, &log).await;
+        let outcome = match &result {
+            Ok(()) => self
+                .store
+                .set_build_status(id, BuildStatus::Ready, None, now()),
+            Err(failure) => {
+                log.write(LogLevel::Error, failure.step.clone(), &failure.message);
+                self.store.set_build_status(
+                    id,
+                    BuildStatus::Error,
+                    Some((&failure.message, failure.step.as_deref())),
+                    now(),
+                )
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::error!(build = %id, error = %e, "recording the build's end failed");
+        }
+        result
     }
 }
 
@@ -242,6 +264,8 @@ pub(crate) struct BuildLog {
     store: Arc<Store>,
     build: String,
     written: std::sync::atomic::AtomicU64,
+    /// Also print each line, after this prefix and the time since this instant.
+    echo: Option<(String, std::time::Instant)>,
 }
 
 impl BuildLog {
@@ -250,6 +274,7 @@ impl BuildLog {
             store,
             build,
             written: 0.into(),
+            echo: None,
         }
     }
 
@@ -265,6 +290,11 @@ impl BuildLog {
             std::cmp::Ordering::Greater if level == LogLevel::Error => message.to_owned(),
             std::cmp::Ordering::Greater => return,
         };
+        if let Some((prefix, since)) = &self.echo {
+            let step = step.as_deref().unwrap_or("");
+            let elapsed = since.elapsed().as_secs_f64();
+            println!("{prefix} {elapsed:>7.1}s {step:>8} | {message}");
+        }
         let entry = LogEntry {
             at_ms: chrono::Utc::now().timestamp_millis(),
             level,

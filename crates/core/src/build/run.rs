@@ -39,6 +39,8 @@ struct LayerStep<'a> {
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Where [`HOST_CA_BUNDLE`]'s copy is in an image; the agent's `provision` puts it there.
 const IMAGE_CA_BUNDLE: &str = "/etc/airlock/ca-certificates.crt";
+/// Bump when how a Debian root is made changes: its layer is cached by this.
+const DEBOOTSTRAP_FORMAT: &str = "debootstrap-minbase-v2";
 /// Bump when what `provision` does changes: its layers are cached by this.
 const PROVISION_FORMAT: &str = "provision-v1";
 /// Bump when what a step's layer keeps changes (v2: what it leaves in `/tmp`): every layer is
@@ -85,6 +87,7 @@ impl Builder {
                 }
             }
             BuildBase::Image(source) => self.image_base(job, source, log).await?,
+            BuildBase::Debian { suite } => self.debian_base(job, suite, log).await?,
         };
         let total = job.definition.steps.len();
         for (i, step) in job.definition.steps.iter().enumerate() {
@@ -191,15 +194,6 @@ impl Builder {
         note(format!("FROM image {}", source.reference));
         let image = self.registries.pull(source, &note).await.map_err(at_base)?;
         let scratch = self.layers.scratch().map_err(failed_at("base"))?;
-        let mut env: BTreeMap<String, String> = image.env.into_iter().collect();
-        for name in [
-            "SSL_CERT_FILE",
-            "REQUESTS_CA_BUNDLE",
-            "PIP_CERT",
-            "NODE_EXTRA_CA_CERTS",
-        ] {
-            env.insert(name.into(), IMAGE_CA_BUNDLE.into());
-        }
         let mut progress = Progress {
             chain: vec![scratch.clone()],
             // Every layer is this template's own, the scratch one included.
@@ -207,43 +201,102 @@ impl Builder {
             // The scratch layer's name has its version.
             key: hash(&[&scratch.file_name().unwrap_or_default().to_string_lossy()]),
             context: TemplateDefaults {
-                env,
+                env: with_host_ca(image.env),
                 workdir: image.workdir,
                 ..TemplateDefaults::default()
             },
             rebuilding: job.definition.force,
         };
         let inbox = format!("/{INBOX}/{ARCHIVE}");
-        let root = |argv: &[&str]| {
-            self.as_root(Program::Exec(argv.iter().map(|a| a.to_string()).collect()))
-        };
         for (digest, blob) in image.layers {
             let shown = format!("layer {digest}");
             let work = LayerStep {
                 label: "base",
                 shown: &shown,
-                command: root(&[AGENT_PATH, "unpack-layer", &inbox, "/"]),
+                command: self.exec_as_root(&[AGENT_PATH, "unpack-layer", &inbox, "/"]),
                 archive: Some(blob),
                 inputs: &digest,
                 force: false,
             };
             self.layer_step(job, &mut progress, work, log).await?;
         }
+        self.provision(job, &mut progress, log).await?;
+        Ok(progress)
+    }
+
+    /// The base of a built-in `FROM debian:SUITE`: Debian's minimal root, made on the host by
+    /// debootstrap (see [`super::debian`]) and cached by suite and mirror, over the scratch
+    /// layer, then provisioned as an image is.
+    async fn debian_base(
+        &self,
+        job: &BuildJob,
+        suite: &str,
+        log: &BuildLog,
+    ) -> Result<Progress, Failure> {
+        let note = |line: String| log.write(LogLevel::Info, Some("base".into()), &line);
+        let mirror = super::debian::host_mirror(suite);
+        note(format!(
+            "FROM debian:{suite} (debootstrap --variant=minbase from {mirror})"
+        ));
+        let scratch = self.layers.scratch().map_err(failed_at("base"))?;
+        let scratch_name = scratch.file_name().unwrap_or_default().to_string_lossy();
+        let key = hash(&[&scratch_name, DEBOOTSTRAP_FORMAT, suite, &mirror]);
+        if self.layers.has(&key) {
+            note("CACHED".into());
+        } else {
+            let started = Instant::now();
+            let target = self
+                .layers
+                .host_made(&key, &job.build_id, |dir| async move {
+                    super::debian::debootstrap(suite, &mirror, &dir, &note).await
+                });
+            target.await.map_err(|message| Failure {
+                message,
+                step: Some("base".into()),
+            })?;
+            note(format!("done in {:.1} s", started.elapsed().as_secs_f64()));
+        }
+        let mut progress = Progress {
+            chain: vec![scratch, self.layers.layer(&key)],
+            own_from: 0,
+            key,
+            context: TemplateDefaults {
+                env: with_host_ca(Vec::new()),
+                ..TemplateDefaults::default()
+            },
+            rebuilding: job.definition.force,
+        };
+        self.provision(job, &mut progress, log).await?;
+        Ok(progress)
+    }
+
+    /// Adds what a sandbox needs to an image or a Debian root: `airlock-agent provision`.
+    async fn provision(
+        &self,
+        job: &BuildJob,
+        progress: &mut Progress,
+        log: &BuildLog,
+    ) -> Result<(), Failure> {
+        let inbox = format!("/{INBOX}/{ARCHIVE}");
         let ca = Path::new(HOST_CA_BUNDLE);
         let ca_hash = std::fs::read(ca).map(|b| hex::encode(Sha256::digest(b)));
         let work = LayerStep {
             label: "base",
             shown: "adding the user account, sudo and the CA bundle",
             command: match ca_hash {
-                Ok(_) => root(&[AGENT_PATH, "provision", "/", &inbox]),
-                Err(_) => root(&[AGENT_PATH, "provision", "/"]),
+                Ok(_) => self.exec_as_root(&[AGENT_PATH, "provision", "/", &inbox]),
+                Err(_) => self.exec_as_root(&[AGENT_PATH, "provision", "/"]),
             },
             archive: ca_hash.is_ok().then(|| ca.to_owned()),
             inputs: &format!("{PROVISION_FORMAT}:{}", ca_hash.unwrap_or_default()),
             force: false,
         };
-        self.layer_step(job, &mut progress, work, log).await?;
-        Ok(progress)
+        self.layer_step(job, progress, work, log).await
+    }
+
+    /// A tool of ours, run as root in `/` with no environment of the template's.
+    fn exec_as_root(&self, argv: &[&str]) -> AgentCommand {
+        self.as_root(Program::Exec(argv.iter().map(|a| a.to_string()).collect()))
     }
 
     /// A step's tool, run as root in `/` with no environment of the template's.
@@ -470,6 +523,20 @@ impl Builder {
             .map_err(|e| super::BuildError::Publish(e.to_string()))?;
         Ok(record)
     }
+}
+
+/// An image's environment, with TLS clients pointed at the host's CA bundle's copy.
+fn with_host_ca(env: Vec<(String, String)>) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = env.into_iter().collect();
+    for name in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "PIP_CERT",
+        "NODE_EXTRA_CA_CERTS",
+    ] {
+        env.insert(name.into(), IMAGE_CA_BUNDLE.into());
+    }
+    env
 }
 
 /// Turns a host-side error into the build's failure at `step` (`base` or `finalize`).

@@ -57,6 +57,11 @@ impl Uploads {
         }
     }
 
+    /// Where every template's archives are, in a directory named by the template's id.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     pub fn archive(&self, template: &TemplateName, hash: &str) -> PathBuf {
         self.root.join(template.as_str()).join(hash)
     }
@@ -106,7 +111,18 @@ impl Uploads {
             .remove(token)
             .filter(|t| t.expires > Instant::now())
             .ok_or(UploadError::BadTicket)?;
-        let target = self.archive(&ticket.template, &ticket.hash);
+        self.put(&ticket.template, &ticket.hash, body).await
+    }
+
+    /// Stores `body` as the archive `hash` of `template` (at most the upload cap); never
+    /// half-written.
+    pub async fn put(
+        &self,
+        template: &TemplateName,
+        hash: &str,
+        body: impl AsyncRead + Unpin,
+    ) -> Result<u64, UploadError> {
+        let target = self.archive(template, hash);
         let dir = target.parent().expect("archives are in a directory");
         tokio::fs::create_dir_all(dir)
             .await

@@ -344,6 +344,24 @@ impl Store {
         Ok(())
     }
 
+    /// Forgets all but each template's `keep` newest builds, with their logs.
+    pub fn prune_builds(&self, keep: usize) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let old = "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY template_id
+                     ORDER BY created_at DESC, rowid DESC) AS n FROM template_builds) WHERE n > ?1";
+        tx.execute(
+            &format!("DELETE FROM build_logs WHERE build_id IN ({old})"),
+            params![keep as i64],
+        )?;
+        tx.execute(
+            &format!("DELETE FROM template_builds WHERE id IN ({old})"),
+            params![keep as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Builds that were under way when the server stopped: they cannot go on.
     pub fn unfinished_builds(&self) -> Result<Vec<String>, StoreError> {
         let conn = self.conn();

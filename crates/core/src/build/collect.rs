@@ -1,0 +1,153 @@
+//! Collecting what nothing uses any more: the layers and rootfs mounts of old builds and of
+//! deleted templates, COPY uploads of deleted templates, the root filesystems the built-in
+//! templates had before they were built from Dockerfiles, and old builds' records and logs.
+//!
+//! It runs when the server starts, once the built-in templates are built and before it answers
+//! any request or fills any pool: then every root filesystem in use is one a store names (a
+//! template's, a running or paused sandbox's, a snapshot's), and no build is under way. One
+//! templates dir may serve several data dirs (the test suite's do): what any of their stores
+//! names is kept.
+
+use super::layers::is_mount_point;
+use super::{BuildError, Builder};
+use crate::store::Store;
+use crate::template::KNOWN_TEMPLATES;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// Builds kept per template (newest first), with their logs; older ones are forgotten.
+const BUILDS_KEPT: usize = 10;
+
+/// What a collection removed.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub layers: usize,
+    pub mounts: usize,
+    pub bytes: u64,
+}
+
+impl Builder {
+    /// Removes what no template, sandbox or snapshot uses, in this server's store or in
+    /// `others` (the stores of the other data dirs that keep their templates here). Call it
+    /// only while nothing else builds or creates sandboxes (see the module's comment).
+    pub async fn collect_garbage(&self, others: &[Store]) -> Result<Collected, BuildError> {
+        let mut done = Collected::default();
+        self.store.prune_builds(BUILDS_KEPT)?;
+        let (mut templates, mut in_use, mut template_ids) =
+            (Vec::new(), HashSet::new(), HashSet::new());
+        for store in std::iter::once(self.store.as_ref()).chain(others) {
+            templates.extend(store.templates()?);
+            in_use.extend(store.sandboxes()?.into_iter().map(|s| s.rootfs));
+            in_use.extend(store.snapshots()?.into_iter().map(|s| s.rootfs));
+            template_ids.extend(
+                store
+                    .user_templates()?
+                    .into_iter()
+                    .map(|t| t.id.to_string()),
+            );
+        }
+        in_use.extend(templates.iter().map(|t| t.rootfs.clone()));
+
+        // The layers under every rootfs in use: a template's are in its record; an older
+        // build's (that a sandbox still runs on) were recorded when it was mounted.
+        let mut layers: HashSet<PathBuf> =
+            templates.iter().flat_map(|t| t.layers.clone()).collect();
+        let mut chains_known = true;
+        let named: HashSet<&PathBuf> = templates.iter().map(|t| &t.rootfs).collect();
+        for rootfs in in_use.iter().filter(|r| !named.contains(r)) {
+            if !rootfs.starts_with(self.layers.mounts_dir()) {
+                continue;
+            }
+            match self.layers.chain_of(rootfs) {
+                Some(chain) => layers.extend(chain),
+                // Mounted before chains were recorded: which layers it needs is unknown.
+                None => chains_known = false,
+            }
+        }
+
+        let mounts: HashSet<PathBuf> = entries(self.layers.mounts_dir())
+            .into_iter()
+            .map(
+                |path| match path.to_str().and_then(|p| p.strip_suffix(".layers")) {
+                    Some(mount) => PathBuf::from(mount),
+                    None => path,
+                },
+            )
+            .collect();
+        for mount in mounts.iter().filter(|m| !in_use.contains(*m)) {
+            done.bytes += size_of(mount).await;
+            self.layers.remove_rootfs(mount).await?;
+            done.mounts += 1;
+        }
+        if chains_known {
+            for layer in entries(self.layers.layers_dir()) {
+                let hidden = layer
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+                if !hidden && !layers.contains(&layer) {
+                    remove(&layer, &mut done).await?;
+                    done.layers += 1;
+                }
+            }
+        } else {
+            tracing::warn!(
+                "a sandbox's or snapshot's root filesystem was mounted before Airlock recorded \
+                 its layers, so which it needs is unknown: no layer is collected"
+            );
+        }
+
+        // The built-ins' root filesystems from before they were Dockerfiles
+        // (`{name}-{hash}/rootfs`), unless something still runs on one.
+        for dir in entries(&self.templates_dir) {
+            let name = dir.file_name().unwrap_or_default().to_string_lossy();
+            let legacy = KNOWN_TEMPLATES
+                .iter()
+                .any(|t| name.strip_prefix(&format!("{t}-")).is_some_and(is_sha256));
+            if legacy && !in_use.iter().any(|r| r.starts_with(&dir)) {
+                remove(&dir, &mut done).await?;
+            }
+        }
+
+        // COPY uploads of templates that no longer exist.
+        template_ids.extend(KNOWN_TEMPLATES.iter().map(|t| t.to_string()));
+        for dir in entries(self.uploads.root()) {
+            let name = dir.file_name().unwrap_or_default().to_string_lossy();
+            if !template_ids.contains(name.as_ref()) {
+                remove(&dir, &mut done).await?;
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// The directories (or files) in `dir`; none if it cannot be read.
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|e| e.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// What `path` takes on disk (0 for a mount point: its files are its layers').
+async fn size_of(path: &Path) -> u64 {
+    if is_mount_point(path) {
+        return 0;
+    }
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || crate::disk_usage::bytes_on_disk(&path).unwrap_or(0))
+        .await
+        .unwrap_or(0)
+}
+
+async fn remove(path: &Path, done: &mut Collected) -> Result<(), BuildError> {
+    done.bytes += size_of(path).await;
+    let result = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => tokio::fs::remove_dir_all(path).await,
+        Ok(_) => tokio::fs::remove_file(path).await,
+        Err(_) => Ok(()),
+    };
+    result.map_err(BuildError::io(format!("removing {}", path.display())))
+}
+
+fn is_sha256(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
