@@ -1,7 +1,9 @@
 """Lifecycle through the stock SDK and the raw API: list by metadata, kill, timeouts, bad input."""
 
+import json
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from e2b import (
@@ -214,3 +216,42 @@ def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server
     finally:
         sbx.kill()
     wait_for(lambda: len(pooled()) >= 1, "base's pool was not filled again")
+
+
+def test_the_pools_share_a_memory_budget(server, restarted):
+    """`--pool-memory-mb`: the pools' ready sandboxes together hold at most about this much
+    memory. With room for one (an idle sandbox holds about 20 MiB), one sandbox is pooled, and
+    a create of a template moves it to that template; with the default budget (the positive
+    control), the pools hold more."""
+    bundles = server.data_dir / "gvisor" / "bundles"
+    handed = set()
+
+    def pooled():
+        """The templates of the sandboxes on the host that no one has been handed."""
+        listed = {s.sandbox_id for s in Sandbox.list(limit=1000).next_items()} | handed
+        templates = []
+        for bundle in bundles.iterdir():
+            try:
+                root = json.loads((bundle / "config.json").read_text())["root"]["path"]
+            except (OSError, ValueError):
+                continue  # going away
+            if bundle.name not in listed:
+                templates.append(Path(root).name.rsplit("-", 1)[0])
+        return sorted(templates)
+
+    def wait_for(done, what):
+        for _ in range(240):
+            if done():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: {pooled()}")
+
+    wait_for(lambda: len(pooled()) >= 2, "the default budget holds more than one")
+    restarted("--pool-memory-mb", "1")
+    wait_for(lambda: len(pooled()) == 1, "the pools did not settle on one ready sandbox")
+    wanted = "code-interpreter-v1" if pooled() != ["code-interpreter-v1"] else "base"
+    sbx = Sandbox.create(wanted)
+    handed.add(sbx.sandbox_id)
+    sbx.kill()
+    wait_for(lambda: pooled() == [wanted],
+             "the one ready sandbox did not move to the template created from last")

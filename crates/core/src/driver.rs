@@ -124,6 +124,9 @@ pub trait Driver: Send + Sync + 'static {
     /// (a new agent binary or runtime), so cached images are keyed by it.
     fn fingerprint(&self) -> String;
 
+    /// The memory the host charges the sandbox's processes for, in bytes; `None` if unknown.
+    fn memory_used(&self, id: &SandboxId) -> Option<u64>;
+
     /// The networks no sandbox may reach, whatever its policy: the platform's ranges and the
     /// host's own. A template build's image pull may not reach them either.
     fn unreachable(&self) -> Vec<crate::egress::Ipv4Net>;

@@ -484,6 +484,10 @@ impl Driver for GvisorDriver {
         self.fingerprint.clone()
     }
 
+    fn memory_used(&self, id: &SandboxId) -> Option<u64> {
+        cgroup::memory_usage(id.as_str())
+    }
+
     fn unreachable(&self) -> Vec<airlock_core::egress::Ipv4Net> {
         self.network.unreachable().to_vec()
     }

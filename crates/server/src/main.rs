@@ -88,6 +88,11 @@ enum Command {
         /// itself, a few hundred ms slower, and the pool is filled again.
         #[arg(long, default_value_t = 1800, env = "AIRLOCK_POOL_IDLE_SECS")]
         pool_idle_secs: u64,
+        /// The most memory, in MiB, that all pools' ready sandboxes may hold together (an idle
+        /// one holds about 20). Past it, a pool is filled only by taking a ready sandbox from
+        /// the template wanted least lately.
+        #[arg(long, default_value_t = 2048, env = "AIRLOCK_POOL_MEMORY_MB")]
+        pool_memory_mb: u64,
         /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).
         #[arg(long, default_value_t = 8)]
         max_cpu_count: u32,
@@ -189,6 +194,7 @@ async fn run(cli: Cli) -> ExitCode {
             default_timeout,
             pool_size,
             pool_idle_secs,
+            pool_memory_mb,
             max_cpu_count,
             max_memory_mb,
             max_disk_mb,
@@ -218,6 +224,7 @@ async fn run(cli: Cli) -> ExitCode {
                 default_timeout: Duration::from_secs(default_timeout),
                 pool_size,
                 pool_idle: Duration::from_secs(pool_idle_secs),
+                pool_memory_mb,
                 ready_timeout: Duration::from_secs(ready_timeout),
                 max_resources: Resources {
                     cpu_count: max_cpu_count,

@@ -124,6 +124,10 @@ pub struct Limits {
     pub pool_size: usize,
     /// Pools are not refilled while the host has less memory available than this.
     pub pool_min_available_mb: u64,
+    /// The most memory all pools' ready sandboxes may hold together (by their cgroups'
+    /// charge). A pool that would go over it takes a ready sandbox from the pool wanted least
+    /// lately, or stays as it is.
+    pub pool_memory_mb: u64,
     /// A template's pool is emptied once nobody has created a sandbox of it for this long;
     /// its next create restores the golden image itself, and the pool is filled again.
     pub pool_idle: Duration,
@@ -163,6 +167,7 @@ impl Default for Limits {
             agent_start_timeout: Duration::from_secs(20),
             pool_size: 2,
             pool_min_available_mb: 2048,
+            pool_memory_mb: 2048,
             pool_idle: Duration::from_secs(30 * 60),
             ready_timeout: Duration::from_secs(300),
         }
@@ -171,7 +176,7 @@ impl Default for Limits {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
-    #[error("template '{0}' not found; build it with `airlock template build {0}`")]
+    #[error("template '{0}' not found; build it first (Template.build in the SDK, or `airlock template build -f Dockerfile -n {0}`)")]
     TemplateNotFound(String),
     #[error("sandbox '{0}' not found")]
     SandboxNotFound(String),

@@ -257,10 +257,15 @@ impl Lifecycle {
     }
 
     /// Restores sandboxes from the golden image until the pool holds `pool_size` (while the
-    /// host has memory to spare).
+    /// host has memory to spare, and within the pools' memory budget).
     async fn fill_pool(&self, template: &TemplateRecord, golden: &str, stop: &CancellationToken) {
         loop {
             if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
+                return;
+            }
+            if self.pooled_memory() >= self.limits.pool_memory_mb << 20
+                && !self.give_up_one_for(template).await
+            {
                 return;
             }
             {
@@ -305,6 +310,40 @@ impl Lifecycle {
                 }
             }
         }
+    }
+
+    /// The memory all pools' ready sandboxes hold now.
+    fn pooled_memory(&self) -> u64 {
+        let ids: Vec<SandboxId> = self
+            .pools
+            .lock()
+            .values()
+            .flat_map(|p| p.ready.iter().map(|s| s.id.clone()))
+            .collect();
+        ids.iter()
+            .filter_map(|id| self.driver.memory_used(id))
+            .sum()
+    }
+
+    /// Releases a ready sandbox of the template that was wanted least lately, if it was
+    /// wanted less lately than `template`: so the budget goes to the templates in use.
+    async fn give_up_one_for(&self, template: &TemplateRecord) -> bool {
+        let taken = {
+            let mut pools = self.pools.lock();
+            let wanted = pools.get(&template.name).and_then(|p| p.wanted_at);
+            let victim = pools
+                .iter_mut()
+                .filter(|(name, pool)| **name != template.name && !pool.ready.is_empty())
+                .filter(|(_, pool)| pool.wanted_at < wanted)
+                .min_by_key(|(_, pool)| pool.wanted_at);
+            victim.and_then(|(name, pool)| Some((name.clone(), pool.ready.pop()?)))
+        };
+        let Some((name, pooled)) = taken else {
+            return false;
+        };
+        tracing::info!(template = %name, for_template = %template.name, "the pools' memory budget is spent: a ready sandbox goes to a template wanted more lately");
+        self.release(pooled.id, pooled.placement.slot).await;
+        true
     }
 
     /// Restores a copy of the template's golden image as sandbox `id`. A copy whose agent never

@@ -105,6 +105,9 @@ impl Driver for RecordingDriver {
     fn fingerprint(&self) -> String {
         "test".into()
     }
+    fn memory_used(&self, _id: &SandboxId) -> Option<u64> {
+        None
+    }
     fn unreachable(&self) -> Vec<crate::egress::Ipv4Net> {
         crate::egress::platform_deny().collect()
     }
