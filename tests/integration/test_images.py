@@ -278,6 +278,35 @@ def test_a_dockerfile_builds_on_a_built_in_template(server, names, tmp_path):
         sbx.kill()
 
 
+def test_the_cli_heeds_dockerignore_and_build_args(server, names, tmp_path):
+    """`.dockerignore` keeps files out of what COPY sends (and so out of the template), and
+    `--build-arg` sets an ARG (which, as in the SDK, sandboxes also get as a variable); a build
+    argument no ARG takes is reported, as Docker does."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.py").write_text("print('hi')\n")
+    (tmp_path / "app" / "debug.log").write_text("not for the template\n")
+    (tmp_path / "node_modules" / "left-pad").mkdir(parents=True)
+    (tmp_path / "node_modules" / "left-pad" / "index.js").write_text("module.exports = 1\n")
+    (tmp_path / ".dockerignore").write_text("# local only\n**/*.log\nnode_modules/\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM base\nARG FLAVOUR=plain\nCOPY . /srv/\nRUN echo $FLAVOUR > /srv/flavour\n")
+    name = names()
+    built = airlock_cli(server, "template", "build", "-f", str(tmp_path / "Dockerfile"),
+                        "-n", name, "--build-arg", "FLAVOUR=spicy", "--build-arg", "UNUSED=1",
+                        str(tmp_path))
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "ignored --build-arg UNUSED" in built.stderr, built.stderr
+    sbx = Sandbox.create(name)
+    try:
+        files = sbx.commands.run("cd /srv && find . -type f | sort").stdout.split()
+        assert "./app/main.py" in files and "./Dockerfile" in files, files
+        assert "./app/debug.log" not in files, files
+        assert not any(f.startswith("./node_modules") for f in files), files
+        assert sbx.commands.run("cat /srv/flavour; echo $FLAVOUR").stdout == "spicy\nspicy\n"
+    finally:
+        sbx.kill()
+
+
 @pytest.mark.parametrize("line, expected", [
     ("HEALTHCHECK CMD true", "line 3: HEALTHCHECK is not supported"),
     ("COPY missing.txt /srv/", "COPY missing.txt: missing.txt is not in the build context"),

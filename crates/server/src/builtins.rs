@@ -85,7 +85,8 @@ async fn build(
         .find(|(path, _)| *path == "Dockerfile")
         .map(|(_, text)| *text)
         .ok_or_else(|| anyhow!("no Dockerfile"))?;
-    let plan = dockerfile::plan(dockerfile).map_err(|e| anyhow!("its Dockerfile: {e}"))?;
+    let plan = dockerfile::plan(dockerfile, &Default::default())
+        .map_err(|e| anyhow!("its Dockerfile: {e}"))?;
     let base = base_of(&plan, store)?;
     // The archives are the same bytes for the same files, so their COPY layers stay cached.
     let (wire, packed) = wire_steps(&plan, context.path(), false, tar::HeaderMode::Deterministic)
@@ -161,7 +162,8 @@ mod tests {
         let names: Vec<&str> = BUILT_INS.iter().map(|d| d.name).collect();
         assert_eq!(names, KNOWN_TEMPLATES);
         for (i, definition) in BUILT_INS.iter().enumerate() {
-            let plan = dockerfile::plan(file(definition.name, "Dockerfile")).unwrap();
+            let plan =
+                dockerfile::plan(file(definition.name, "Dockerfile"), &Default::default()).unwrap();
             let from = plan.from_image.as_str();
             assert!(
                 from.starts_with("debian:") || KNOWN_TEMPLATES[..i].contains(&from),

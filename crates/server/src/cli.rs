@@ -86,12 +86,16 @@ pub enum TemplateCommand {
         /// Run every step again, even those in the cache.
         #[arg(long)]
         no_cache: bool,
+        /// A value for one of the Dockerfile's ARGs (repeatable), as `docker build` takes it.
+        #[arg(long = "build-arg", value_name = "NAME=VALUE", value_parser = parse_build_arg)]
+        build_args: Vec<(String, String)>,
     },
 }
 
 impl TemplateCommand {
-    /// A Dockerfile build (which goes to the server), or `ls` (which reads the data dir).
-    pub fn into_dockerfile_build(self) -> Result<DockerfileBuild, TemplateCommand> {
+    /// A Dockerfile build (which goes to the server); `None` for `ls` (which reads the data
+    /// dir).
+    pub fn into_dockerfile_build(self) -> Option<DockerfileBuild> {
         match self {
             TemplateCommand::Build {
                 context,
@@ -101,7 +105,9 @@ impl TemplateCommand {
                 memory_mb,
                 ready_cmd,
                 no_cache,
-            } => Ok(DockerfileBuild {
+                build_args,
+            } => Some(DockerfileBuild {
+                build_args: build_args.into_iter().collect(),
                 dockerfile,
                 name,
                 context,
@@ -110,8 +116,16 @@ impl TemplateCommand {
                 ready_cmd,
                 no_cache,
             }),
-            other => Err(other),
+            TemplateCommand::Ls => None,
         }
+    }
+}
+
+/// `NAME=VALUE`, as `--build-arg` takes it.
+fn parse_build_arg(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!("'{arg}' is not NAME=VALUE")),
     }
 }
 

@@ -36,8 +36,11 @@ pub enum PlanStep {
 /// Instructions that only describe an image to Docker, with no effect on a template.
 const METADATA: &[&str] = &["EXPOSE", "LABEL", "MAINTAINER", "VOLUME", "STOPSIGNAL"];
 
-pub fn plan(text: &str) -> Result<Plan, String> {
+/// The Dockerfile's steps. `build_args` (`--build-arg NAME=VALUE`) replace the defaults of the
+/// `ARG`s they name; one that names no `ARG` is noted in [`Plan::ignored`], as Docker warns.
+pub fn plan(text: &str, build_args: &BTreeMap<String, String>) -> Result<Plan, String> {
     let parsed = parse_dockerfile::parse(text).map_err(|e| e.to_string())?;
+    let mut declared = std::collections::BTreeSet::new();
     let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     let mut from_image = None;
@@ -75,7 +78,12 @@ pub fn plan(text: &str) -> Result<Plan, String> {
                     if name.is_empty() {
                         return Err(at("ARG needs a name".into()));
                     }
-                    let value = value.or_else(|| vars.get(&name).cloned());
+                    let value = build_args
+                        .get(&name)
+                        .cloned()
+                        .or(value)
+                        .or_else(|| vars.get(&name).cloned());
+                    declared.insert(name.clone());
                     vars.insert(name.clone(), value.clone().unwrap_or_default());
                     pairs.extend(value.map(|v| (name, v)));
                 }
@@ -135,6 +143,11 @@ pub fn plan(text: &str) -> Result<Plan, String> {
         }
     }
     let from_image = from_image.ok_or("a Dockerfile needs a FROM")?;
+    for name in build_args.keys().filter(|n| !declared.contains(*n)) {
+        ignored.push(format!(
+            "--build-arg {name} (no ARG {name} in the Dockerfile)"
+        ));
+    }
     if !user_set {
         steps.push(PlanStep::User("user".into()));
     }
@@ -453,13 +466,41 @@ fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
 mod tests {
     use super::*;
 
+    fn plan_of(text: &str) -> Result<Plan, String> {
+        plan(text, &BTreeMap::new())
+    }
+
+    #[test]
+    fn build_args_replace_arg_defaults_and_unused_ones_are_noted() {
+        let args: BTreeMap<String, String> = [("TAG", "12"), ("GREETING", "hi"), ("NOPE", "x")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let plan = plan(
+            "ARG TAG=3\nFROM python:${TAG}\nARG GREETING=hello\nARG OTHER=kept\n",
+            &args,
+        )
+        .unwrap();
+        assert_eq!(plan.from_image, "python:12");
+        assert!(plan
+            .steps
+            .contains(&PlanStep::Env(vec![("GREETING".into(), "hi".into())])));
+        assert!(plan
+            .steps
+            .contains(&PlanStep::Env(vec![("OTHER".into(), "kept".into())])));
+        assert_eq!(
+            plan.ignored,
+            ["--build-arg NOPE (no ARG NOPE in the Dockerfile)"]
+        );
+    }
+
     fn steps(text: &str) -> Vec<PlanStep> {
-        plan(text).unwrap().steps
+        plan_of(text).unwrap().steps
     }
 
     #[test]
     fn a_dockerfile_becomes_steps_as_docker_runs_them() {
-        let plan = plan(
+        let plan = plan_of(
             "# a comment\n\
              ARG VERSION=3\n\
              FROM registry.example.com/python:${VERSION}-slim AS app\n\
@@ -527,7 +568,7 @@ mod tests {
 
     #[test]
     fn entrypoint_and_cmd_combine_as_under_docker() {
-        let start = |text: &str| plan(&format!("FROM x\n{text}")).unwrap().start_cmd;
+        let start = |text: &str| plan_of(&format!("FROM x\n{text}")).unwrap().start_cmd;
         assert_eq!(
             start("ENTRYPOINT [\"node\"]\nCMD [\"app.js\"]\n").as_deref(),
             Some("node app.js")
@@ -583,7 +624,7 @@ mod tests {
             ),
             ("# nothing\n", "expected at least one FROM"),
         ] {
-            let err = plan(text).unwrap_err();
+            let err = plan_of(text).unwrap_err();
             assert!(err.starts_with(expected), "{text:?}: {err}");
         }
     }

@@ -28,13 +28,15 @@ pub struct DockerfileBuild {
     pub ready_cmd: Option<String>,
     /// Run every step again, cached or not.
     pub no_cache: bool,
+    /// `--build-arg NAME=VALUE`: values for the Dockerfile's `ARG`s.
+    pub build_args: std::collections::BTreeMap<String, String>,
 }
 
 pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliError> {
     let started = Instant::now();
     let text = std::fs::read_to_string(&opts.dockerfile)
         .map_err(|e| CliError::Failed(format!("reading {}: {e}", opts.dockerfile.display())))?;
-    let plan = dockerfile::plan(&text)
+    let plan = dockerfile::plan(&text, &opts.build_args)
         .map_err(|e| CliError::Failed(format!("{}: {e}", opts.dockerfile.display())))?;
     for note in &plan.ignored {
         eprintln!("{}: ignored {note}", opts.dockerfile.display());
@@ -133,35 +135,62 @@ pub(crate) fn wire_steps(
 }
 
 /// Prints the build's log as it grows, each line with the seconds since the command began,
-/// until the build is ready (exit 0) or failed (exit 1, with the server's reason).
+/// until the build is ready (exit 0) or failed (exit 1, with the server's reason). On a
+/// terminal, a spinner below the log shows the step under way and how long it has taken.
 async fn follow(
     client: &Client,
     template: &str,
     build: &str,
     started: Instant,
 ) -> Result<ExitCode, CliError> {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+        spinner.set_style(style);
+    }
+    spinner.enable_steady_tick(Duration::from_millis(120));
     let mut offset = 0;
-    loop {
+    let mut current_step = None;
+    let outcome = loop {
         let path = format!("/templates/{template}/builds/{build}/status?logsOffset={offset}");
-        let status: BuildStatusBody = parse(&client.call("GET", &path).await?)?;
+        let status: BuildStatusBody = match client.call("GET", &path).await.and_then(|b| parse(&b))
+        {
+            Ok(status) => status,
+            Err(e) => break Err(e),
+        };
         offset += status.log_entries.len();
         for entry in &status.log_entries {
             let step = entry.step.as_deref().unwrap_or("");
-            println!(
+            let line = format!(
                 "{:>7.1}s {step:>8} | {}",
                 started.elapsed().as_secs_f64(),
                 entry.message
             );
+            spinner.suspend(|| println!("{line}"));
+            if current_step.as_deref() != Some(step) {
+                current_step = Some(step.to_owned());
+                let what: String = entry
+                    .message
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(70)
+                    .collect();
+                spinner.set_message(format!("step {step}: {what}"));
+                spinner.reset_elapsed();
+            }
         }
         match status.status.as_str() {
-            "ready" => return Ok(ExitCode::SUCCESS),
+            "ready" => break Ok(ExitCode::SUCCESS),
             "error" => {
                 let reason = status.reason.map(|r| r.message).unwrap_or_default();
-                return Err(CliError::Failed(format!("the build failed: {reason}")));
+                break Err(CliError::Failed(format!("the build failed: {reason}")));
             }
             _ => tokio::time::sleep(Duration::from_millis(300)).await,
         }
-    }
+    };
+    spinner.finish_and_clear();
+    outcome
 }
 
 /// What one COPY takes from the context, packed as a tar, and the hash that names it.
@@ -191,6 +220,7 @@ fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<
             context.display()
         )));
     }
+    let ignore = DockerIgnore::read(context)?;
     let mut hasher = Sha256::new();
     for part in [src, "\0", dest, "\0"] {
         hasher.update(part.as_bytes());
@@ -202,13 +232,14 @@ fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<
     });
     tar.follow_symlinks(false);
     tar.mode(mode);
+    let packing = Packing {
+        context,
+        ignore: &ignore,
+    };
     if base == Path::new(".") {
-        for entry in std::fs::read_dir(context).map_err(failed)? {
-            let entry = entry.map_err(failed)?;
-            append(&mut tar, &entry.path(), Path::new(&entry.file_name())).map_err(failed)?;
-        }
+        packing.children(&mut tar, Path::new("")).map_err(failed)?;
     } else {
-        append(&mut tar, &on_disk, &base).map_err(failed)?;
+        packing.append(&mut tar, &base).map_err(failed)?;
     }
     tar.into_inner().map_err(failed)?;
     Ok(Packed {
@@ -216,6 +247,104 @@ fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<
         hash: hex::encode(hasher.finalize()),
         archive,
     })
+}
+
+/// Puts context files into a COPY's archive: in name order (so the same files make the same
+/// archive), symlinks as symlinks, and nothing `.dockerignore` excludes.
+struct Packing<'a> {
+    context: &'a Path,
+    ignore: &'a DockerIgnore,
+}
+
+impl Packing<'_> {
+    /// `rel` (relative to the context), and below it if it is a directory. An excluded
+    /// directory is still walked, for the exceptions (`!dir/keep`) inside it.
+    fn append(&self, tar: &mut tar::Builder<Hashing<'_>>, rel: &Path) -> std::io::Result<()> {
+        let path = self.context.join(rel);
+        let excluded = self.ignore.excludes(rel);
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            if !excluded {
+                tar.append_dir(rel, &path)?;
+            }
+            self.children(tar, rel)
+        } else if excluded {
+            Ok(())
+        } else {
+            tar.append_path_with_name(&path, rel)
+        }
+    }
+
+    fn children(&self, tar: &mut tar::Builder<Hashing<'_>>, rel: &Path) -> std::io::Result<()> {
+        let mut names: Vec<_> = std::fs::read_dir(self.context.join(rel))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        for name in names {
+            self.append(tar, &rel.join(name))?;
+        }
+        Ok(())
+    }
+}
+
+/// The context's `.dockerignore`, read by Docker's rules: a pattern a line (`#` comments),
+/// relative to the context, `*` and `?` within a path component, `**` across them; a pattern
+/// excludes what it matches and everything under it; `!` makes an exception; the last pattern
+/// that matches a path decides.
+#[derive(Default)]
+struct DockerIgnore {
+    rules: Vec<(globset::GlobMatcher, bool)>,
+}
+
+impl DockerIgnore {
+    fn read(context: &Path) -> Result<Self, CliError> {
+        let file = context.join(".dockerignore");
+        let text = match std::fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(CliError::Failed(format!("reading {}: {e}", file.display()))),
+        };
+        Self::parse(&text).map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
+        let mut rules = Vec::new();
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (pattern, exception) = match line.strip_prefix('!') {
+                Some(rest) => (rest.trim(), true),
+                None => (line, false),
+            };
+            let pattern = pattern
+                .trim_start_matches("./")
+                .trim_start_matches('/')
+                .trim_end_matches('/');
+            if pattern.is_empty() {
+                continue;
+            }
+            let glob = globset::GlobBuilder::new(pattern)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| format!("the pattern '{line}': {e}"))?;
+            rules.push((glob.compile_matcher(), exception));
+        }
+        Ok(DockerIgnore { rules })
+    }
+
+    /// Whether `rel` is left out: the last rule matching it, or a directory above it, decides.
+    fn excludes(&self, rel: &Path) -> bool {
+        let mut excluded = false;
+        for (glob, exception) in &self.rules {
+            if rel
+                .ancestors()
+                .any(|p| !p.as_os_str().is_empty() && glob.is_match(p))
+            {
+                excluded = !exception;
+            }
+        }
+        excluded
+    }
 }
 
 /// Uploads packed files unless the server has them already (from an earlier build).
@@ -272,14 +401,6 @@ impl Write for Hashing<'_> {
     }
 }
 
-fn append(tar: &mut tar::Builder<Hashing<'_>>, path: &Path, name: &Path) -> std::io::Result<()> {
-    if std::fs::symlink_metadata(path)?.is_dir() {
-        tar.append_dir_all(name, path)
-    } else {
-        tar.append_path_with_name(path, name)
-    }
-}
-
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
     serde_json::from_slice(body)
         .map_err(|e| CliError::Failed(format!("the server's answer was not understood: {e}")))
@@ -288,6 +409,28 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dockerignore_follows_dockers_rules() {
+        let ignore = DockerIgnore::parse(
+            "# build output\n/target\n*.log\nnode_modules/\n**/*.tmp\ndocs\n!docs/README.md\n",
+        )
+        .unwrap();
+        let out = |p: &str| ignore.excludes(Path::new(p));
+        assert!(out("target") && out("target/debug/x"));
+        assert!(
+            out("app.log") && !out("logs/app.log"),
+            "* stays within a component"
+        );
+        assert!(out("node_modules/left-pad/index.js"));
+        assert!(out("a/b/c.tmp") && out("c.tmp"));
+        assert!(
+            out("docs/guide.md") && !out("docs/README.md"),
+            "the last match decides"
+        );
+        assert!(!out("src/main.rs") && !out("Dockerfile"));
+        assert!(DockerIgnore::parse("[").is_err());
+    }
 
     #[test]
     fn a_copy_packs_what_its_source_names_and_never_climbs_out() {

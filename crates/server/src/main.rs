@@ -239,8 +239,8 @@ async fn run(cli: Cli) -> ExitCode {
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Template(cmd) => match cmd.into_dockerfile_build() {
-            Ok(build) => airlock_server::dockerfile_build::run(client(), build).await,
-            Err(_ls) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
+            Some(build) => airlock_server::dockerfile_build::run(client(), build).await,
+            None => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
                 .and_then(|data| cli::template_ls(&data)),
         },
         Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
