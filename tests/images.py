@@ -79,9 +79,12 @@ class Registry:
                 raise RuntimeError((self.dir / "registry.log").read_text())
             time.sleep(0.1)
 
-    def push(self, layout: Path, tag: str, name: str) -> str:
-        """Pushes `layout:tag` as `name` (`repo:tag`); returns the reference to pull it by."""
+    def push(self, layout: Path, tag: str, name: str, zstd=False) -> str:
+        """Pushes `layout:tag` as `name` (`repo:tag`), its layers recompressed with zstd if
+        asked; returns the reference to pull it by."""
         creds = ["--dest-creds", ":".join(self.credentials)] if self.credentials else []
+        if zstd:
+            creds += ["--format", "oci", "--dest-compress-format", "zstd"]
         run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", *creds,
             f"oci:{layout}:{tag}", f"docker://{self.address}/{name}")
         return f"{self.address}/{name}"

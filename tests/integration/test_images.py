@@ -84,6 +84,19 @@ def test_a_musl_image_without_glibc_or_bash_runs_commands(names, musl_image):
         sbx.kill()
 
 
+def test_an_image_with_zstd_layers_is_unpacked(names, registry):
+    """The same musl image with its layers recompressed with zstd (an OCI manifest with
+    `tar+zstd` layers, as skopeo writes it) builds and runs."""
+    image = registry.push(musl_layout(), "latest", "test/musl-zstd:1", zstd=True)
+    name = names()
+    Template.build(Template().from_image(image).run_cmd("hello > /home/user/pulled"), name)
+    sbx = Sandbox.create(name)
+    try:
+        assert sbx.commands.run("cat /home/user/pulled").stdout == "hello from musl\n"
+    finally:
+        sbx.kill()
+
+
 def test_an_image_that_does_not_exist_fails_with_the_registrys_words(names, registry):
     name = names()
     with pytest.raises(BuildException) as err:
