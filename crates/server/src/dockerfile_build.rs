@@ -176,8 +176,8 @@ async fn follow(
                     .chars()
                     .take(70)
                     .collect();
-                spinner.set_message(format!("step {step}: {what}"));
                 spinner.reset_elapsed();
+                spinner.set_message(format!("step {step}: {what}"));
             }
         }
         match status.status.as_str() {

@@ -139,6 +139,11 @@ impl Builder {
             };
             self.layer_step(job, &mut progress, work, log).await?;
         }
+        log.write(
+            LogLevel::Info,
+            Some("finalize".into()),
+            "starting a sandbox of the template, to keep it ready as its golden image",
+        );
         if let Some(start) = &job.definition.start_cmd {
             log.write(
                 LogLevel::Info,
