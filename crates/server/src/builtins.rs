@@ -111,6 +111,7 @@ async fn build(
     store.insert_build(&build)?;
     let job = BuildJob {
         build_id: build.id,
+        name: definition.name.to_owned(),
         template_id: name,
         definition: BuildDefinition {
             base,

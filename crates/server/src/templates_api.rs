@@ -199,6 +199,7 @@ async fn start_build(
     let defaults = state.lifecycle.limits().default_resources;
     state.builder.start(BuildJob {
         build_id: record.id,
+        name: template.alias.to_string(),
         template_id: template.id,
         definition,
         resources: Resources {

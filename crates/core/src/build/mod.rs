@@ -141,6 +141,8 @@ pub struct BuildOptions {
 pub struct BuildJob {
     pub build_id: String,
     pub template_id: TemplateName,
+    /// What its owner calls it (the alias), for the log.
+    pub name: String,
     pub definition: BuildDefinition,
     pub resources: Resources,
 }

@@ -167,7 +167,7 @@ impl Builder {
             Some("finalize".into()),
             &format!(
                 "template {} built in {:.1} s ({} MB of its own layers)",
-                job.template_id,
+                job.name,
                 started.elapsed().as_secs_f64(),
                 record.size_bytes / 1_000_000
             ),
