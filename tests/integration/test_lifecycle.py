@@ -187,50 +187,18 @@ def test_routing_by_host_header(server, sandbox):
     assert resp.status == 502 and b"The sandbox was not found" in resp.read()
 
 
-def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server, restarted):
-    """`--pool-idle-secs`: a template nobody creates sandboxes of loses its pool (its idle
-    sandboxes cost memory and CPU); a create still works (from the golden image) and makes
-    the pool fill again."""
-    bundles = server.data_dir / "gvisor" / "bundles"
-    handed = set()  # a killed sandbox's bundle may outlive it for a moment
+class PoolWatch:
+    """The sandboxes on the host that no one has been handed (the pools', and golden images'
+    in the making), by template: what a bundle's rootfs mount is named after."""
 
-    def pooled():
-        """Sandboxes on the host that no one has been handed: the pools' (and golden images'
-        in the making)."""
-        listed = {s.sandbox_id for s in Sandbox.list(limit=1000).next_items()}
-        return [b.name for b in bundles.iterdir() if b.name not in listed | handed]
+    def __init__(self, server):
+        self.bundles = server.data_dir / "gvisor" / "bundles"
+        self.handed = set()  # a killed sandbox's bundle may outlive it for a moment
 
-    def wait_for(done, what):
-        for _ in range(240):
-            if done():
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"{what}: {pooled()}")
-
-    restarted("--pool-idle-secs", "20")
-    wait_for(lambda: not pooled(), "the pools of unused templates were not emptied")
-    sbx = Sandbox.create("base")
-    handed.add(sbx.sandbox_id)
-    try:
-        assert sbx.commands.run("echo from the golden image").stdout == "from the golden image\n"
-    finally:
-        sbx.kill()
-    wait_for(lambda: len(pooled()) >= 1, "base's pool was not filled again")
-
-
-def test_the_pools_share_a_memory_budget(server, restarted):
-    """`--pool-memory-mb`: the pools' ready sandboxes together hold at most about this much
-    memory. With room for one (an idle sandbox holds about 20 MiB), one sandbox is pooled, and
-    a create of a template moves it to that template; with the default budget (the positive
-    control), the pools hold more."""
-    bundles = server.data_dir / "gvisor" / "bundles"
-    handed = set()
-
-    def pooled():
-        """The templates of the sandboxes on the host that no one has been handed."""
-        listed = {s.sandbox_id for s in Sandbox.list(limit=1000).next_items()} | handed
+    def templates(self):
+        listed = {s.sandbox_id for s in Sandbox.list(limit=1000).next_items()} | self.handed
         templates = []
-        for bundle in bundles.iterdir():
+        for bundle in self.bundles.iterdir():
             try:
                 root = json.loads((bundle / "config.json").read_text())["root"]["path"]
             except (OSError, ValueError):
@@ -239,19 +207,44 @@ def test_the_pools_share_a_memory_budget(server, restarted):
                 templates.append(Path(root).name.rsplit("-", 1)[0])
         return sorted(templates)
 
-    def wait_for(done, what):
+    def wait_for(self, done, what):
+        """Waits up to 2 minutes for `done(templates)`."""
         for _ in range(240):
-            if done():
+            if done(self.templates()):
                 return
             time.sleep(0.5)
-        raise AssertionError(f"{what}: {pooled()}")
+        raise AssertionError(f"{what}: {self.templates()}")
 
-    wait_for(lambda: len(pooled()) >= 2, "the default budget holds more than one")
+
+def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server, restarted):
+    """`--pool-idle-secs`: a template nobody creates sandboxes of loses its pool (its idle
+    sandboxes cost memory and CPU); a create still works (from the golden image) and makes
+    the pool fill again."""
+    pools = PoolWatch(server)
+    restarted("--pool-idle-secs", "20")
+    pools.wait_for(lambda pooled: not pooled, "the pools of unused templates were not emptied")
+    sbx = Sandbox.create("base")
+    pools.handed.add(sbx.sandbox_id)
+    try:
+        assert sbx.commands.run("echo from the golden image").stdout == "from the golden image\n"
+    finally:
+        sbx.kill()
+    pools.wait_for(lambda pooled: len(pooled) >= 1, "base's pool was not filled again")
+
+
+def test_the_pools_share_a_memory_budget(server, restarted):
+    """`--pool-memory-mb`: the pools' ready sandboxes together hold at most about this much
+    memory. With room for one (an idle sandbox holds about 20 MiB), one sandbox is pooled, and
+    a create of a template moves it to that template; with the default budget (the positive
+    control), the pools hold more."""
+    pools = PoolWatch(server)
+    pools.wait_for(lambda pooled: len(pooled) >= 2, "the default budget holds more than one")
     restarted("--pool-memory-mb", "1")
-    wait_for(lambda: len(pooled()) == 1, "the pools did not settle on one ready sandbox")
-    wanted = "code-interpreter-v1" if pooled() != ["code-interpreter-v1"] else "base"
+    pools.wait_for(lambda pooled: len(pooled) == 1,
+                   "the pools did not settle on one ready sandbox")
+    wanted = "code-interpreter-v1" if pools.templates() != ["code-interpreter-v1"] else "base"
     sbx = Sandbox.create(wanted)
-    handed.add(sbx.sandbox_id)
+    pools.handed.add(sbx.sandbox_id)
     sbx.kill()
-    wait_for(lambda: pooled() == [wanted],
-             "the one ready sandbox did not move to the template created from last")
+    pools.wait_for(lambda pooled: pooled == [wanted],
+                   "the one ready sandbox did not move to the template created from last")

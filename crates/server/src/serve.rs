@@ -216,17 +216,17 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     }
     println!("Building the built-in templates (the first time takes minutes; cached after that)");
     let built = crate::builtins::ensure(&builder, &store, lifecycle.limits().default_resources);
-    if let Err(e) = built.await {
-        lifecycle.shutdown().await;
-        builder.unmount_templates().await;
-        return Err(e);
+    let built = built.await;
+    if built.is_ok() {
+        collect_garbage(&builder, &data).await;
     }
-    collect_garbage(&builder, &data).await;
-    if opts.prepare_only {
-        println!("The built-in templates are ready; not serving (--prepare-only)");
+    if built.is_err() || opts.prepare_only {
+        // Nothing was served: stop as at a signal.
         lifecycle.shutdown().await;
         builder.unmount_templates().await;
-        return Ok(());
+        return built.map(|()| {
+            println!("The built-in templates are ready; not serving (--prepare-only)");
+        });
     }
 
     let stop = CancellationToken::new();

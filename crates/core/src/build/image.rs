@@ -9,7 +9,7 @@
 //! (see [`super::pull_guard`]): a registry at a private address, and plain HTTP, need the
 //! operator's `--insecure-registry`.
 
-use super::pull_guard::{Guard, Reach};
+use super::pull_guard::{split_authority, Guard, Reach};
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
@@ -190,14 +190,10 @@ impl Registries {
     /// unless the server's operator named it with `--insecure-registry`. The guard would too,
     /// but this says so in the registry's words.
     async fn check_registry(&self, registry: &str) -> Result<(), String> {
-        let (host, port) = match registry.rsplit_once(':') {
-            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
-                (host, port.parse().unwrap_or(443))
-            }
-            _ => (registry, 443),
-        };
+        let (host, port) = split_authority(registry, 443)
+            .ok_or_else(|| format!("'{registry}' is not a registry's host and port"))?;
         self.reach
-            .resolve(host, port, false)
+            .resolve(&host, port, false)
             .await
             .map(drop)
             .map_err(|why| format!("the registry {registry} cannot be reached: {why}"))

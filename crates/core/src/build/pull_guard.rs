@@ -225,7 +225,7 @@ fn close_after(head: &str) -> String {
 }
 
 /// `host:port`, `[v6]:port` or a bare host (with `default_port`).
-fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> {
+pub(super) fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> {
     if let Some(rest) = authority.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
         let port = match after.strip_prefix(':') {
