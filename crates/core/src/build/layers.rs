@@ -209,14 +209,14 @@ impl Layers {
         if is_mount_point(target) {
             return Ok(());
         }
+        tokio::fs::create_dir_all(target)
+            .await
+            .map_err(BuildError::io(format!("creating {}", target.display())))?;
         let record = chain_record(target);
         let listed: String = chain.iter().map(|l| format!("{}\n", l.display())).collect();
         tokio::fs::write(&record, listed)
             .await
             .map_err(BuildError::io(format!("writing {}", record.display())))?;
-        tokio::fs::create_dir_all(target)
-            .await
-            .map_err(BuildError::io(format!("creating {}", target.display())))?;
         mount_overlay(&format!("ro,lowerdir={}", lowerdir(chain)?), target).await
     }
 

@@ -79,7 +79,7 @@ pub enum StepKind {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("{what}")]
+    #[error("{what}: {source}")]
     Io {
         what: String,
         #[source]
@@ -140,7 +140,11 @@ pub struct BuildOptions {
 /// One build to run: the store has its row (status `waiting`).
 pub struct BuildJob {
     pub build_id: String,
+    /// The template it builds: what its layers' mounts and COPY uploads are filed under.
     pub template_id: TemplateName,
+    /// What the finished build is recorded as in the store's templates: a built-in's name, or
+    /// the build's own id (a user template's tags then name it).
+    pub published_as: TemplateName,
     /// What its owner calls it (the alias), for the log.
     pub name: String,
     pub definition: BuildDefinition,
