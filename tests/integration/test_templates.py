@@ -469,10 +469,10 @@ def test_the_js_sdks_builder_builds_and_starts_a_template(server, names, tmp_pat
 
 
 def test_files_nothing_uses_are_collected_at_start_and_used_ones_kept(names, restarted):
-    """A rebuild leaves the old build's layer unused, and a deleted template's layer is still
-    used while a paused sandbox runs on it. A restart collects the first and keeps the second
-    (the paused sandbox resumes on it); once that sandbox is gone, the next restart collects it
-    too. Layers are found by the file each step wrote."""
+    """A rebuild leaves the old build startable by its id (among the 10 kept), so a restart keeps
+    its layer. A deleted template's layer is still used while a paused sandbox runs on it: a
+    restart keeps it (the paused sandbox resumes on it), and once that sandbox is gone the next
+    restart collects it. Layers are found by the file each step wrote."""
     layers = Path(os.environ["AIRLOCK_TEMPLATES_DIR"]) / "layers"
     tag = uuid.uuid4().hex[:12]
 
@@ -480,11 +480,18 @@ def test_files_nothing_uses_are_collected_at_start_and_used_ones_kept(names, res
         return list(layers.glob(f"*/opt/{tag}-{what}"))
 
     def build(name, what):
-        Template.build(Template().from_template("base")
-                       .run_cmd(f"touch /opt/{tag}-{what}", user="root"), name)
+        return Template.build(Template().from_template("base")
+                              .run_cmd(f"touch /opt/{tag}-{what}", user="root"), name)
+
+    def files(reference):
+        sbx = Sandbox.create(reference)
+        try:
+            return sbx.commands.run(f"ls /opt/ | grep {tag}").stdout.split()
+        finally:
+            sbx.kill()
 
     rebuilt, deleted = names(), names()
-    build(rebuilt, "old")
+    old = build(rebuilt, "old")
     build(rebuilt, "new")
     build(deleted, "paused")
     paused = Sandbox.create(deleted)
@@ -494,17 +501,13 @@ def test_files_nothing_uses_are_collected_at_start_and_used_ones_kept(names, res
         assert layer_with("old") and layer_with("new") and layer_with("paused")
 
         restarted()
-        assert not layer_with("old"), "the replaced build's layer is collected"
-        assert layer_with("new") and layer_with("paused")
+        assert layer_with("old") and layer_with("new") and layer_with("paused")
         paused.connect()
         assert paused.commands.run(f"ls /opt/{tag}-paused").exit_code == 0
     finally:
         paused.kill()
-    sbx = Sandbox.create(rebuilt)
-    try:
-        assert sbx.commands.run(f"ls /opt/ | grep {tag}").stdout.split() == [f"{tag}-new"]
-    finally:
-        sbx.kill()
+    assert files(rebuilt) == [f"{tag}-new"]
+    assert files(f"{rebuilt}:{old.build_id}") == [f"{tag}-old"]
 
     restarted()
     assert not layer_with("paused"), "collected once no sandbox runs on it"

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 mod builds;
+mod tags;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
+pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -107,7 +109,7 @@ pub struct KeyLimits {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateRecord {
-    /// A built-in's name, or a user template's id.
+    /// A built-in's name, or the id of a user template's build (see `store::tags`).
     pub name: TemplateName,
     pub content_hash: String,
     pub rootfs: PathBuf,
@@ -246,6 +248,7 @@ impl Store {
         conn.execute_batch(SNAPSHOTS_TABLE)?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(builds::SCHEMA)?;
+        conn.execute_batch(tags::SCHEMA)?;
         for (table, column) in [
             ("sandboxes", "owner TEXT"),
             ("sandboxes", "egress TEXT NOT NULL DEFAULT '{}'"),
@@ -262,9 +265,11 @@ impl Store {
             ("snapshots", "size_bytes INTEGER NOT NULL DEFAULT 0"),
             ("templates", "layers TEXT NOT NULL DEFAULT '[]'"),
             ("templates", "defaults TEXT"),
+            ("template_builds", "tags TEXT NOT NULL DEFAULT '[]'"),
         ] {
             add_column_if_missing(&conn, table, column)?;
         }
+        tags::migrate_untagged_records(&conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -958,7 +963,7 @@ mod tests {
     }
 
     #[test]
-    fn only_each_templates_newest_builds_are_kept() {
+    fn only_each_templates_newest_and_tagged_builds_are_kept() {
         use super::{BuildRecord, BuildStatus, LogEntry, LogLevel};
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db")).unwrap();
@@ -972,6 +977,7 @@ mod tests {
                     failure: None,
                     created_at: at,
                     finished_at: None,
+                    tags: Vec::new(),
                 })
                 .unwrap();
             let entry = LogEntry {
@@ -986,6 +992,8 @@ mod tests {
             build("a", &format!("a{at}"), at);
         }
         build("b", "b1", 1);
+        let a = TemplateName::parse("a").unwrap();
+        store.assign_tags(&a, "a2", &["v1".into()], 5).unwrap();
         store.prune_builds(2).unwrap();
         let ids = |t: &str| -> Vec<String> {
             let t = TemplateName::parse(t).unwrap();
@@ -996,7 +1004,7 @@ mod tests {
                 .map(|b| b.id)
                 .collect()
         };
-        assert_eq!(ids("a"), ["a4", "a3"]);
+        assert_eq!(ids("a"), ["a4", "a3", "a2"]);
         assert_eq!(ids("b"), ["b1"]);
         assert!(store.build_logs("a1", 0, 10).unwrap().is_empty());
         assert_eq!(store.build_logs("a4", 0, 10).unwrap().len(), 1);

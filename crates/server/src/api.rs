@@ -4,7 +4,7 @@ use crate::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::egress::Egress;
 use airlock_core::lifecycle::{CreateParams, LifecycleError};
-use airlock_core::store::{SandboxRecord, SandboxState as StoredState, SnapshotRecord};
+use airlock_core::store::{SandboxRecord, SandboxState as StoredState, SnapshotRecord, Store};
 use airlock_wire::api::{
     ErrorBody, ForkRequest, ForkResult, NetworkConfig, NetworkUpdate, NewSandbox, Sandbox,
     SandboxDetail, SandboxLifecycle, SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
@@ -157,9 +157,8 @@ async fn create(
     let env_vars = body.env_vars.unwrap_or_default();
     check_map("metadata", &metadata)?;
     check_map("envVars", &env_vars)?;
-    // The SDK may send an alias like `team/name:tag`; templates here are plain names.
-    let template = body.template_id.rsplit('/').next().unwrap_or_default();
-    let template = template.split(':').next().unwrap_or_default().to_owned();
+    // The SDK may send `team/name:tag`; templates here have no namespace.
+    let template = (body.template_id.rsplit('/').next().unwrap_or_default()).to_owned();
     let network = body.network.unwrap_or_default();
     let egress = egress(body.allow_internet_access, &network)?;
     let allow_public_traffic = network.allow_public_traffic.unwrap_or(true);
@@ -181,7 +180,11 @@ async fn create(
             require_traffic_token: !allow_public_traffic,
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_body(&state.store, &sandbox.record())),
+    )
+        .into_response())
 }
 
 async fn create_v2(
@@ -202,12 +205,22 @@ async fn create_v1(
     create(&state, caller, body, secure).await
 }
 
-fn sandbox_body(r: &SandboxRecord) -> Sandbox {
+/// A sandbox's template as answers name it: the id and name of the user template whose build
+/// it runs, or a built-in's or snapshot's own name.
+fn template_names(store: &Store, r: &SandboxRecord) -> (String, String) {
+    match store.template_of_record(&r.template) {
+        Ok(Some(t)) => (t.id.to_string(), t.alias.to_string()),
+        _ => (r.template.to_string(), r.template.to_string()),
+    }
+}
+
+fn sandbox_body(store: &Store, r: &SandboxRecord) -> Sandbox {
+    let (template_id, alias) = template_names(store, r);
     Sandbox {
-        template_id: r.template.to_string(),
+        template_id,
         sandbox_id: r.id.to_string(),
         client_id: "airlock".into(),
-        alias: Some(r.template.to_string()),
+        alias: Some(alias),
         envd_version: ENVD_VERSION.into(),
         envd_access_token: r.access_token.clone(),
         traffic_access_token: r.traffic_access_token.clone(),
@@ -221,12 +234,13 @@ fn rfc3339(unix: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn detail_body(r: &SandboxRecord, with_token: bool) -> SandboxDetail {
+fn detail_body(store: &Store, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
+    let (template_id, alias) = template_names(store, r);
     SandboxDetail {
-        template_id: r.template.to_string(),
+        template_id,
         sandbox_id: r.id.to_string(),
         client_id: "airlock".into(),
-        alias: Some(r.template.to_string()),
+        alias: Some(alias),
         started_at: rfc3339(r.started_at),
         end_at: rfc3339(r.end_at),
         envd_version: ENVD_VERSION.into(),
@@ -268,8 +282,8 @@ fn network_body(r: &SandboxRecord) -> NetworkConfig {
     }
 }
 
-async fn detail(Owned { record, .. }: Owned) -> Json<SandboxDetail> {
-    Json(detail_body(&record, true))
+async fn detail(State(state): State<AppState>, Owned { record, .. }: Owned) -> Json<SandboxDetail> {
+    Json(detail_body(&state.store, &record, true))
 }
 
 async fn kill(
@@ -336,7 +350,7 @@ async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(sandbox_body(&sandbox.record()))).into_response())
+    Ok((status, Json(sandbox_body(&state.store, &sandbox.record()))).into_response())
 }
 
 /// The body is optional (`{}` or E2B's `{"memory": false, ...}`); every pause keeps memory.
@@ -357,7 +371,11 @@ async fn resume(
         .lifecycle
         .resume(&id, body.timeout.map(Duration::from_secs))
         .await?;
-    Ok((StatusCode::CREATED, Json(sandbox_body(&sandbox.record()))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_body(&state.store, &sandbox.record())),
+    )
+        .into_response())
 }
 
 fn snapshot_info(s: &SnapshotRecord) -> SnapshotInfo {
@@ -396,9 +414,7 @@ async fn list_snapshots(
     ))
 }
 
-/// The SDK deletes snapshots as templates (`DELETE /templates/{id}`); built templates are
-/// managed with `airlock template`, so only the caller's own snapshots are deleted here.
-/// Deletes the caller's template or snapshot of that name (E2B deletes both here).
+/// Deletes the caller's template or snapshot of that name (E2B's SDK deletes both here).
 async fn delete_template(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -431,7 +447,7 @@ async fn fork(
     let entries: Vec<ForkResult> = forks
         .into_iter()
         .map(|f| match f {
-            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&sandbox.record())),
+            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&state.store, &sandbox.record())),
             Err(e) => {
                 let e = ApiError::from(e);
                 ForkResult::Error(ErrorBody {
@@ -484,7 +500,10 @@ fn matching(
         .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
-        .filter(|r| template.is_none_or(|t| r.template.as_str() == t))
+        .filter(|r| {
+            let names = template_names(&state.store, r);
+            template.is_none_or(|t| *t == names.0 || *t == names.1)
+        })
         .collect())
 }
 
@@ -494,7 +513,11 @@ async fn list_v1(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
     let all = matching(&state, &caller, &query)?;
-    Ok(Json(all.iter().map(|r| detail_body(r, false)).collect()))
+    Ok(Json(
+        all.iter()
+            .map(|r| detail_body(&state.store, r, false))
+            .collect(),
+    ))
 }
 
 /// Paginated list: `nextToken` is the id of the first sandbox of the next page.
@@ -526,7 +549,7 @@ async fn list_v2(
         .iter()
         .skip(start)
         .take(limit)
-        .map(|r| detail_body(r, false))
+        .map(|r| detail_body(&state.store, r, false))
         .collect();
     let mut resp = Json(page).into_response();
     if let Some(next) = all.get(start + limit) {

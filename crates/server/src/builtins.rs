@@ -107,11 +107,13 @@ async fn build(
         failure: None,
         created_at: chrono::Utc::now().timestamp(),
         finished_at: None,
+        tags: Vec::new(),
     };
     store.insert_build(&build)?;
     let job = BuildJob {
         build_id: build.id,
         name: definition.name.to_owned(),
+        published_as: name.clone(),
         template_id: name,
         definition: BuildDefinition {
             base,

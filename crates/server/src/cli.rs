@@ -50,7 +50,7 @@ pub enum SandboxCommand {
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {
-    /// List built templates.
+    /// List built templates (the built-ins, and every key's templates as NAME:TAG).
     Ls,
     /// Build a template.
     ///
@@ -70,7 +70,8 @@ pub enum TemplateCommand {
         /// The Dockerfile to build.
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
-        /// The template's name, which sandboxes are created from.
+        /// The template's name, which sandboxes are created from; `NAME:TAG` tags this build
+        /// (without one it is `NAME:default`, which `NAME` alone starts).
         #[arg(short = 'n', long)]
         name: String,
         /// CPUs for the template's sandboxes [default: the server's].
@@ -455,22 +456,36 @@ async fn exec(
     }
 }
 
-/// `airlock template ls`: the built templates in the data dir's database.
+/// `airlock template ls`: the built templates in the data dir's database that a name reaches:
+/// the built-ins, and each tagged build of a user template as `name:tag` (every key's).
 pub fn template_ls(data: &DataDir) -> Result<ExitCode, CliError> {
     let store = open_store(data)?;
-    let rows: Vec<[String; 4]> = store
-        .templates()
-        .map_err(|e| CliError::Other(e.into()))?
-        .into_iter()
-        .map(|t| {
-            [
-                t.name.to_string(),
-                t.content_hash.chars().take(12).collect(),
-                format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
-                rfc3339(t.built_at),
-            ]
-        })
-        .collect();
+    let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
+    let mut rows: Vec<[String; 4]> = Vec::new();
+    for t in store.named_templates().map_err(failed)? {
+        let names = match store.template_of_record(&t.name).map_err(failed)? {
+            Some(owner) => {
+                let tags = store.tags_of(&owner.id).map_err(failed)?.into_iter();
+                let tags = tags.filter(|tag| tag.build_id == t.name.as_str());
+                let names: Vec<String> = tags
+                    .map(|tag| format!("{}:{}", owner.alias, tag.tag))
+                    .collect();
+                // A build being published has its tags once it is ready.
+                if names.is_empty() {
+                    t.name.to_string()
+                } else {
+                    names.join(",")
+                }
+            }
+            None => t.name.to_string(),
+        };
+        rows.push([
+            names,
+            t.content_hash.chars().take(12).collect(),
+            format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
+            rfc3339(t.built_at),
+        ]);
+    }
     print_table(&["NAME", "HASH", "SIZE", "BUILT"], &rows);
     Ok(ExitCode::SUCCESS)
 }

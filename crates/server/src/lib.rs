@@ -13,6 +13,7 @@ pub mod listen;
 pub mod proxy;
 pub mod serve;
 pub mod template_info;
+pub mod template_tags;
 pub mod templates_api;
 
 use airlock_core::lifecycle::Lifecycle;

@@ -1,5 +1,6 @@
-//! Users' templates, as E2B's template builder calls them (protocol doc §2.6): request a build,
-//! start it with its steps, follow its status and logs, look an alias up, delete.
+//! Users' templates, as E2B's template builder calls them (protocol doc §2.6): request a build
+//! (of `name`, or `name:tag`), start it with its steps, follow its status and logs, look a name
+//! up, delete.
 //!
 //! A template belongs to the key that built it; another key gets the same 404 as for a name
 //! that does not exist. Names are unique per key, and never a built-in's or the key's
@@ -14,7 +15,9 @@ use airlock_core::build::uploads::{valid_hash, UploadError, MAX_UPLOAD_BYTES};
 use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Step, StepKind};
 use airlock_core::driver::Resources;
 use airlock_core::ids::{SandboxId, TemplateName};
-use airlock_core::store::{BuildRecord, BuildStatus, TemplateRecord, UserTemplate};
+use airlock_core::store::{
+    split_reference, BuildRecord, BuildStatus, TemplateRecord, UserTemplate, DEFAULT_TAG,
+};
 use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
     BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateAlias,
@@ -43,6 +46,7 @@ pub fn routes() -> Router<AppState> {
         .route("/templates/{id}/files/{hash}", get(file_upload_link))
         .route("/templates/aliases/{alias}", get(alias))
         .merge(crate::template_info::routes())
+        .merge(crate::template_tags::routes())
 }
 
 /// The caller's template `id` (its id or alias), if it has one.
@@ -77,17 +81,27 @@ async fn request_build(
             "'{given}': namespaces (team/name) are not supported here: name templates without one"
         )));
     }
-    if given.contains(':') || body.tags.is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad_request(format!(
-            "'{given}': template tags are not supported yet: build it under a plain name"
-        )));
-    }
-    let alias = TemplateName::parse(&given).map_err(|_| {
+    // `name:tag` and `tags` both tag the build; with neither it is the `default`.
+    let (name, tag) = split_reference(&given);
+    let asked: Vec<&str> = (tag.into_iter())
+        .chain(body.tags.iter().flatten().map(String::as_str))
+        .collect();
+    let tags = if asked.is_empty() {
+        vec![DEFAULT_TAG.to_owned()]
+    } else {
+        crate::template_tags::checked_tags(asked)?
+    };
+    let alias = TemplateName::parse(name).map_err(|_| {
         ApiError::bad_request(format!(
-            "'{given}' is not a valid template name: 1-64 of a-z, 0-9, '.', '_' and '-', \
+            "'{name}' is not a valid template name: 1-64 of a-z, 0-9, '.', '_' and '-', \
              starting with a letter or digit"
         ))
     })?;
+    if alias.as_str() == "tags" {
+        return Err(ApiError::bad_request(
+            "'tags' names the tags route (/templates/tags): choose another name",
+        ));
+    }
     if KNOWN_TEMPLATES.contains(&alias.as_str()) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -141,6 +155,7 @@ async fn request_build(
         failure: None,
         created_at: now,
         finished_at: None,
+        tags: tags.clone(),
     };
     state.store.insert_build(&build)?;
     let created = TemplateBuildCreated {
@@ -148,7 +163,7 @@ async fn request_build(
         build_id: build.id,
         public: template.public,
         names: vec![alias.to_string()],
-        tags: Vec::new(),
+        tags,
         aliases: vec![alias.to_string()],
     };
     Ok((StatusCode::ACCEPTED, Json(created)).into_response())
@@ -198,6 +213,7 @@ async fn start_build(
     };
     let defaults = state.lifecycle.limits().default_resources;
     state.builder.start(BuildJob {
+        published_as: TemplateName::parse(&record.id).expect("build ids are UUIDs"),
         build_id: record.id,
         name: template.alias.to_string(),
         template_id: template.id,
@@ -458,27 +474,27 @@ pub async fn upload(
     Ok((StatusCode::OK, Json(serde_json::json!({ "size": size }))).into_response())
 }
 
-/// `Template.exists`: 200 for a name the caller can build from, 404 otherwise (another key's
-/// private template included, and one whose builds all failed: there is nothing to start).
+/// `Template.exists`: 200 for a name (or `name:tag`) the caller can start, 404 otherwise
+/// (another key's private template included, and one whose builds all failed: there is
+/// nothing to start).
 async fn alias(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(alias): Path<String>,
 ) -> Result<Json<TemplateAlias>, ApiError> {
-    if KNOWN_TEMPLATES.contains(&alias.as_str()) {
-        return Ok(Json(TemplateAlias {
-            template_id: alias,
-            public: true,
-        }));
-    }
-    let template = state
+    let (record, template) = state
         .store
-        .user_template_named(Some(&caller.0), &alias)?
-        .filter(|t| matches!(state.store.template(&t.id), Ok(Some(_))))
+        .visible_template(Some(&caller.0), &alias)?
         .ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
-    Ok(Json(TemplateAlias {
-        template_id: template.id.to_string(),
-        public: template.public,
+    Ok(Json(match template {
+        Some(t) => TemplateAlias {
+            template_id: t.id.to_string(),
+            public: t.public,
+        },
+        None => TemplateAlias {
+            template_id: record.name.to_string(),
+            public: true,
+        },
     }))
 }
 

@@ -190,3 +190,36 @@ pub struct TemplateWithBuilds {
     pub template: TemplateInfo,
     pub builds: Vec<TemplateBuildInfo>,
 }
+
+/// `POST /templates/tags`: point `tags` at the build that `target` (`name:tag`, or `name` for
+/// its `default` tag) names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TagAssignment {
+    pub target: String,
+    pub tags: Vec<String>,
+}
+
+/// The answer to [`TagAssignment`] (status 201).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AssignedTags {
+    pub tags: Vec<String>,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+}
+
+/// `DELETE /templates/tags`: take `tags` off the template `name`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TagRemoval {
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+/// One entry of `GET /templates/{id}/tags`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateTagInfo {
+    pub tag: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub created_at: String,
+}

@@ -514,7 +514,7 @@ impl Builder {
             &serde_json::to_string(&defaults).unwrap_or_default(),
         ]);
         let record = TemplateRecord {
-            name: job.template_id.clone(),
+            name: job.published_as.clone(),
             content_hash,
             rootfs,
             built_at: super::now(),

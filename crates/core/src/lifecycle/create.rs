@@ -39,18 +39,18 @@ enum Source {
 
 impl Lifecycle {
     pub async fn create(&self, params: CreateParams) -> Result<Arc<Sandbox>, LifecycleError> {
-        let name = TemplateName::parse(&params.template)
-            .map_err(|_| LifecycleError::TemplateNotFound(params.template.clone()))?;
         let timeout = self.clamp_timeout(params.timeout)?;
         let resources = self.resources_for(&params)?;
         let quota = self.quota(params.owner.as_deref())?;
         let owner = params.owner.as_deref();
-        let source = match self.store.visible_template(owner, name.as_str())? {
+        // A template (`name` or `name:tag`), else one of the owner's snapshots.
+        let source = match self.store.visible_template(owner, &params.template)? {
             Some((template, _)) => Source::Template(template),
-            None => match self.owned_snapshot(params.owner.as_deref(), &name)? {
-                Some(snapshot) => Source::Snapshot(snapshot),
-                None => return Err(LifecycleError::TemplateNotFound(params.template)),
-            },
+            None => match TemplateName::parse(&params.template) {
+                Ok(name) => self.owned_snapshot(owner, &name)?.map(Source::Snapshot),
+                Err(_) => None,
+            }
+            .ok_or_else(|| LifecycleError::TemplateNotFound(params.template.clone()))?,
         };
         // Pooled sandboxes have the default resources; a policy is applied as they are claimed.
         let pooled = match &source {
@@ -69,7 +69,7 @@ impl Lifecycle {
         let defaults = self.defaults_of(&source)?;
         let name = match &source {
             Source::Template(t) => t.name.clone(),
-            Source::Snapshot(_) => name,
+            Source::Snapshot(s) => s.id.clone(),
         };
         let mut record = new_record(id.clone(), name, rootfs, resources, timeout, params);
         // The template's env vars, under the create's own.

@@ -114,7 +114,7 @@ impl Lifecycle {
         }
         let mut announced = HashSet::new();
         loop {
-            let templates = self.store.templates().unwrap_or_default();
+            let templates = self.store.named_templates().unwrap_or_default();
             for template in &templates {
                 if stop.is_cancelled() {
                     return;
@@ -169,11 +169,12 @@ impl Lifecycle {
         (wanted_at.elapsed() >= self.limits.pool_idle).then(|| std::mem::take(&mut pool.ready))
     }
 
-    /// Deletes golden images of templates as they were built before, or taken with another
-    /// agent or runtime: nothing restores from them any more, and each can be hundreds of MiB.
+    /// Deletes golden images of templates as they were built before, of builds no tag names
+    /// any more, or taken with another agent or runtime: nothing restores from them any more,
+    /// and each can be hundreds of MiB.
     /// The caller holds the golden turn.
     async fn delete_stale_goldens(&self) {
-        let Ok(templates) = self.store.templates() else {
+        let Ok(templates) = self.store.named_templates() else {
             return;
         };
         let current: HashSet<String> = templates.iter().map(|t| self.golden_image(t)).collect();

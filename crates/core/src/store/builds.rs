@@ -2,10 +2,13 @@
 //!
 //! A user template is a name an API key owns (its alias) with an id; each build of it is a row
 //! here with its log. When a build is ready, its root filesystem is recorded in `templates`
-//! under the template's id, like a built-in's, so golden images and pools treat both alike.
+//! under the build's id, like a built-in's under its name, so golden images and pools treat
+//! both alike; its tags (see [`super::tags`]) then name it.
 
+use super::tags::{split_reference, DEFAULT_TAG};
 use super::{Store, StoreError, TemplateRecord};
 use crate::ids::TemplateName;
+use crate::template::KNOWN_TEMPLATES;
 use rusqlite::{params, OptionalExtension, Row};
 
 pub(super) const SCHEMA: &str = "
@@ -91,6 +94,8 @@ pub struct BuildRecord {
     pub failure: Option<(String, Option<String>)>,
     pub created_at: i64,
     pub finished_at: Option<i64>,
+    /// The tags it gets once it is ready.
+    pub tags: Vec<String>,
 }
 
 /// E2B's log levels.
@@ -242,18 +247,18 @@ impl Store {
         rows.map(|r| parse_user_template(r?)).collect()
     }
 
-    /// Deletes the template, its builds, their logs and its built root filesystem's record.
+    /// Deletes the template, its builds, their logs and built root filesystems' records, and
+    /// its tags.
     pub fn delete_user_template(&self, id: &TemplateName) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute(
+        for sql in [
             "DELETE FROM build_logs WHERE build_id IN
                (SELECT id FROM template_builds WHERE template_id = ?1)",
-            params![id.as_str()],
-        )?;
-        for sql in [
+            "DELETE FROM templates WHERE name IN
+               (SELECT id FROM template_builds WHERE template_id = ?1)",
             "DELETE FROM template_builds WHERE template_id = ?1",
-            "DELETE FROM templates WHERE name = ?1",
+            "DELETE FROM template_tags WHERE template_id = ?1",
             "DELETE FROM user_templates WHERE id = ?1",
         ] {
             tx.execute(sql, params![id.as_str()])?;
@@ -264,13 +269,14 @@ impl Store {
 
     pub fn insert_build(&self, b: &BuildRecord) -> Result<(), StoreError> {
         self.conn().execute(
-            "INSERT INTO template_builds (id, template_id, status, created_at)
-             VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO template_builds (id, template_id, status, created_at, tags)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
             params![
                 b.id,
                 b.template_id.as_str(),
                 b.status.as_str(),
-                b.created_at
+                b.created_at,
+                serde_json::to_string(&b.tags).unwrap_or_else(|_| "[]".into()),
             ],
         )?;
         Ok(())
@@ -291,7 +297,7 @@ impl Store {
     fn query_builds(&self, filter: &str, arg: &str) -> Result<Vec<BuildRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(&format!(
-            "SELECT id, template_id, status, reason, reason_step, created_at, finished_at
+            "SELECT id, template_id, status, reason, reason_step, created_at, finished_at, tags
              FROM template_builds {filter}"
         ))?;
         let rows = stmt.query_map(params![arg], |row| {
@@ -303,11 +309,12 @@ impl Store {
                 row.get::<_, Option<String>>(4)?,
                 row.get::<_, i64>(5)?,
                 row.get::<_, Option<i64>>(6)?,
+                row.get::<_, String>(7)?,
             ))
         })?;
         let mut builds = Vec::new();
         for row in rows {
-            let (id, template, status, reason, step, created_at, finished_at) = row?;
+            let (id, template, status, reason, step, created_at, finished_at, tags) = row?;
             let corrupt = || StoreError::Corrupt(id.clone());
             builds.push(BuildRecord {
                 template_id: TemplateName::parse(&template).map_err(|_| corrupt())?,
@@ -315,13 +322,15 @@ impl Store {
                 failure: reason.map(|r| (r, step)),
                 created_at,
                 finished_at,
+                tags: serde_json::from_str(&tags).map_err(|_| corrupt())?,
                 id,
             });
         }
         Ok(builds)
     }
 
-    /// Moves a build on; a final status (ready, error) also records when it ended.
+    /// Moves a build on; a final status (ready, error) also records when it ended, and a
+    /// ready build gets the tags it asked for, at once.
     pub fn set_build_status(
         &self,
         id: &str,
@@ -330,7 +339,9 @@ impl Store {
         now: i64,
     ) -> Result<(), StoreError> {
         let finished = matches!(status, BuildStatus::Ready | BuildStatus::Error).then_some(now);
-        self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
             "UPDATE template_builds SET status = ?2, reason = ?3, reason_step = ?4,
                finished_at = ?5 WHERE id = ?1",
             params![
@@ -341,23 +352,37 @@ impl Store {
                 finished
             ],
         )?;
+        if status == BuildStatus::Ready {
+            tx.execute(
+                "INSERT OR REPLACE INTO template_tags (template_id, tag, build_id, created_at)
+                 SELECT b.template_id, t.value, b.id, ?2
+                 FROM template_builds b, json_each(b.tags) t WHERE b.id = ?1",
+                params![id, now],
+            )?;
+        }
+        tx.commit()?;
         Ok(())
     }
 
-    /// Forgets all but each template's `keep` newest builds, with their logs.
+    /// Forgets all but each template's `keep` newest builds and the ones a tag names, with
+    /// their logs and root filesystems' records (collection then removes their files, unless a
+    /// sandbox or snapshot still uses them).
     pub fn prune_builds(&self, keep: usize) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let old = "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY template_id
-                     ORDER BY created_at DESC, rowid DESC) AS n FROM template_builds) WHERE n > ?1";
-        tx.execute(
-            &format!("DELETE FROM build_logs WHERE build_id IN ({old})"),
-            params![keep as i64],
-        )?;
-        tx.execute(
-            &format!("DELETE FROM template_builds WHERE id IN ({old})"),
-            params![keep as i64],
-        )?;
+                     ORDER BY created_at DESC, rowid DESC) AS n FROM template_builds)
+                   WHERE n > ?1 AND id NOT IN (SELECT build_id FROM template_tags)";
+        for rows in [
+            "build_logs WHERE build_id",
+            "templates WHERE name",
+            "template_builds WHERE id",
+        ] {
+            tx.execute(
+                &format!("DELETE FROM {rows} IN ({old})"),
+                params![keep as i64],
+            )?;
+        }
         tx.commit()?;
         Ok(())
     }
@@ -429,24 +454,47 @@ impl Store {
         Ok(self.public_templates_by_alias(name)?.into_iter().next())
     }
 
-    /// The built template that `name` means to `owner`: a user template as
-    /// [`Store::user_template_named`] finds it, or else a built-in. With the user template, if
-    /// it is one.
+    /// The built template that `reference` (`name` or `name:tag`) means to `owner`: the
+    /// tagged build of a user template as [`Store::user_template_named`] finds it, or else a
+    /// built-in (whose one tag is `default`). With the user template, if it is one. A build's
+    /// record is never found by its own name: only through its template, which checks the key.
     pub fn visible_template(
         &self,
         owner: Option<&str>,
-        name: &str,
+        reference: &str,
     ) -> Result<Option<(TemplateRecord, Option<UserTemplate>)>, StoreError> {
-        let user_template = self.user_template_named(owner, name)?;
-        let id = match &user_template {
-            Some(t) => t.id.clone(),
-            // Another key's private template is not there, not even as a built-in's name.
-            None if self.user_template(name)?.is_some() => return Ok(None),
-            None => match TemplateName::parse(name) {
-                Ok(id) => id,
-                Err(_) => return Ok(None),
-            },
+        let (name, tag) = split_reference(reference);
+        let tag = tag.unwrap_or(DEFAULT_TAG);
+        let Some(user_template) = self.user_template_named(owner, name)? else {
+            if !KNOWN_TEMPLATES.contains(&name) || tag != DEFAULT_TAG {
+                return Ok(None);
+            }
+            let built_in = TemplateName::parse(name).expect("built-in names are valid");
+            return Ok(self.template(&built_in)?.map(|record| (record, None)));
         };
-        Ok(self.template(&id)?.map(|record| (record, user_template)))
+        let build = self.build_tagged(&user_template.id, tag)?;
+        let Some(build) = build.and_then(|b| TemplateName::parse(&b).ok()) else {
+            return Ok(None);
+        };
+        Ok(self
+            .template(&build)?
+            .map(|record| (record, Some(user_template))))
+    }
+
+    /// The user template whose build a template record is (`None`: a built-in's record).
+    pub fn template_of_record(
+        &self,
+        record: &TemplateName,
+    ) -> Result<Option<UserTemplate>, StoreError> {
+        let template: Option<String> = self
+            .conn()
+            .query_row(
+                "SELECT template_id FROM template_builds WHERE id = ?1",
+                params![record.as_str()],
+                |row| row.get(0),
+            )
+            .optional()?;
+        // Sandboxes from before tags name the template itself.
+        self.user_template(template.as_deref().unwrap_or(record.as_str()))
     }
 }
