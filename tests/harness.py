@@ -12,6 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 AIRLOCK = Path(os.environ.get("AIRLOCK_BIN", REPO / "target" / "release" / "airlock"))
+JS_DIR = REPO / "tests" / "js"  # the pinned npm `e2b` package
 # Made afresh by each process that imports this: no key written in the repo opens anything.
 API_KEY = "e2b_" + secrets.token_hex(20)
 
@@ -62,6 +63,16 @@ class Server:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=timeout)
         self.proc = None
+
+    def js(self, code, *args, timeout=300):
+        """Runs `code` (an ES module; `process.argv[1]` onwards are `args`) with Node and the
+        pinned npm `e2b` SDK pointed at this server; returns the JSON of its last output line."""
+        env = dict(os.environ, E2B_API_KEY=API_KEY, E2B_API_URL=self.url,
+                   E2B_SANDBOX_URL=self.url)
+        out = subprocess.run(["node", "--input-type=module", "-e", code, *args],
+                             cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
     def api(self, method, path, body=None, key=API_KEY, raw=None, headers=None):
         """A raw control-plane call; returns (status, parsed JSON or None)."""

@@ -9,8 +9,10 @@ Two images, each made once and cached by what they are made of:
   against musl: no glibc and no bash in it, and no `user`.
 """
 
+import gzip
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -84,10 +86,22 @@ class Registry:
         asked; returns the reference to pull it by."""
         creds = ["--dest-creds", ":".join(self.credentials)] if self.credentials else []
         if zstd:
-            creds += ["--format", "oci", "--dest-compress-format", "zstd"]
+            # skopeo 1.9's --dest-compress-format leaves a layer the registry already has as
+            # it is (gzip): the layout gets zstd layers of its own instead.
+            layout = zstd_layout(layout)
+            creds += ["--format", "oci"]
         run("skopeo", "copy", "--quiet", "--dest-tls-verify=false", *creds,
             f"oci:{layout}:{tag}", f"docker://{self.address}/{name}")
         return f"{self.address}/{name}"
+
+    def layer_types(self, name: str, tag: str) -> list:
+        """The media types of the layers of `name:tag` in this registry."""
+        req = urllib.request.Request(
+            f"http://{self.address}/v2/{name}/manifests/{tag}",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                               "application/vnd.docker.distribution.manifest.v2+json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return [layer["mediaType"] for layer in json.load(resp)["layers"]]
 
     def stop(self):
         self.proc.terminate()
@@ -110,6 +124,35 @@ def _cached_layout(key: str, make) -> Path:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return layout
+
+
+def zstd_layout(layout: Path) -> Path:
+    """A copy of `layout` whose gzip layers are recompressed with zstd (`tar+zstd` layers in a
+    new manifest; the config's diff ids, of the uncompressed tars, stay)."""
+
+    def make(out: Path):
+        shutil.copytree(layout, out)
+        blobs = out / "blobs" / "sha256"
+
+        def put(data: bytes) -> str:
+            digest = hashlib.sha256(data).hexdigest()
+            (blobs / digest).write_bytes(data)
+            return f"sha256:{digest}"
+
+        index = json.loads((out / "index.json").read_text())
+        for entry in index["manifests"]:
+            manifest = json.loads((blobs / entry["digest"].split(":")[1]).read_bytes())
+            for layer in manifest["layers"]:
+                tar = gzip.decompress((blobs / layer["digest"].split(":")[1]).read_bytes())
+                packed = subprocess.run(["zstd", "-q", "-c"], input=tar, check=True,
+                                        capture_output=True).stdout
+                layer.update(mediaType="application/vnd.oci.image.layer.v1.tar+zstd",
+                             digest=put(packed), size=len(packed))
+            data = json.dumps(manifest).encode()
+            entry.update(digest=put(data), size=len(data))
+        (out / "index.json").write_text(json.dumps(index))
+
+    return _cached_layout(f"zstd:{layout.name}", make)
 
 
 def add_layer(layout: Path, tar: Path):

@@ -3,8 +3,10 @@ by the server, each layer applied inside a build sandbox, then provisioned with 
 needs. One image is Debian with pip, the other BusyBox and musl with no glibc or bash."""
 
 import http.server
+import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,8 @@ def test_an_image_with_zstd_layers_is_unpacked(names, registry):
     """The same musl image with its layers recompressed with zstd (an OCI manifest with
     `tar+zstd` layers, as skopeo writes it) builds and runs."""
     image = registry.push(musl_layout(), "latest", "test/musl-zstd:1", zstd=True)
+    assert registry.layer_types("test/musl-zstd", "1") == [
+        "application/vnd.oci.image.layer.v1.tar+zstd"]
     name = names()
     Template.build(Template().from_image(image).run_cmd("hello > /home/user/pulled"), name)
     sbx = Sandbox.create(name)
@@ -95,6 +99,30 @@ def test_an_image_with_zstd_layers_is_unpacked(names, registry):
         assert sbx.commands.run("cat /home/user/pulled").stdout == "hello from musl\n"
     finally:
         sbx.kill()
+
+
+def test_blobs_no_pull_used_lately_are_collected_at_start(names, registry, musl_image,
+                                                          restarted):
+    """Layer blobs are a download cache: a restart removes the ones no pull has used for a
+    week (the zstd image's here, aged by hand), and keeps the ones a pull used since (the musl
+    image's), whose next build then downloads nothing."""
+    blobs = Path(os.environ["AIRLOCK_TEMPLATES_DIR"]) / "blobs" / "sha256"
+    stale = registry.push(musl_layout(), "latest", "test/musl-stale:1", zstd=True)
+
+    def downloads(image):
+        logs = []
+        Template.build(Template().from_image(image), names(), on_build_logs=logs.append)
+        return [m for m in messages(logs) if m.startswith("layer ") and "downloading" in m]
+
+    downloads(stale)
+    downloads(musl_image)
+    week_ago = time.time() - 8 * 24 * 3600
+    for blob in blobs.iterdir():
+        os.utime(blob, (week_ago, week_ago))
+    assert downloads(musl_image) == [], "cached blobs are used, and so marked used"
+    restarted()
+    assert downloads(musl_image) == []
+    assert downloads(stale), "the blobs no pull used for a week were collected"
 
 
 def test_an_image_that_does_not_exist_fails_with_the_registrys_words(names, registry):

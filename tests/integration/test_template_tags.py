@@ -2,15 +2,8 @@
 `remove_tags`, `get_tags`): a tag names one build, so one name keeps several builds startable,
 and a tag moves without a rebuild. `name` alone means `name:default`. Tags are their key's."""
 
-import json
-import os
-import subprocess
-
 import pytest
 from e2b import Sandbox, Template
-
-from harness import API_KEY
-from test_templates import JS_DIR
 
 
 def version(v):
@@ -125,9 +118,5 @@ def test_the_js_sdk_builds_with_tags_and_moves_them(server, names):
       const tags = (await Template.getTags(info.templateId)).map((t) => t.tag).sort()
       console.log(JSON.stringify({ tags, built: info.tags.sort(), out: run.stdout.trim() }))
     """
-    env = dict(os.environ, E2B_API_KEY=API_KEY, E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url)
-    out = subprocess.run(["node", "--input-type=module", "-e", js, name], cwd=JS_DIR, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = server.js(js, name)
     assert result == {"tags": ["stable", "v1"], "built": ["beta", "v1"], "out": "js"}, result

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from e2b import BuildException, Sandbox, Template, wait_for_file, wait_for_port
 
-from harness import API_KEY, build_messages as messages
+from harness import API_KEY, JS_DIR, build_messages as messages
 
 
 def definition():
@@ -448,7 +448,6 @@ def test_templates_are_listed_got_and_made_public_through_the_sdks_client(names,
     assert Template.exists(name)
 
 
-JS_DIR = Path(__file__).resolve().parents[1] / "js"
 
 
 def test_the_js_sdks_builder_builds_and_starts_a_template(server, names, tmp_path):

@@ -1,6 +1,7 @@
 //! Collecting what nothing uses any more: the layers and rootfs mounts of old builds and of
 //! deleted templates, COPY uploads of deleted templates, the root filesystems the built-in
-//! templates had before they were built from Dockerfiles, and old builds' records and logs.
+//! templates had before they were built from Dockerfiles, old builds' records and logs, and
+//! image blobs that no pull has used for [`BLOBS_UNUSED_FOR`].
 //!
 //! It runs when the server starts, once the built-in templates are built and before it answers
 //! any request or fills any pool: then every root filesystem in use is one a store names (a
@@ -14,15 +15,21 @@ use crate::store::Store;
 use crate::template::KNOWN_TEMPLATES;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Builds kept per template (newest first), with their logs; older ones are forgotten.
 const BUILDS_KEPT: usize = 10;
+
+/// How long an image's layer blob is kept after a pull last used it. Images' layers live on as
+/// unpacked layers while a template uses them; the blobs only spare a rebuild the download.
+const BLOBS_UNUSED_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What a collection removed.
 #[derive(Debug, Default)]
 pub struct Collected {
     pub layers: usize,
     pub mounts: usize,
+    pub blobs: usize,
     pub bytes: u64,
 }
 
@@ -105,6 +112,17 @@ impl Builder {
                 .any(|t| name.strip_prefix(&format!("{t}-")).is_some_and(is_sha256));
             if legacy && !in_use.iter().any(|r| r.starts_with(&dir)) {
                 remove(&dir, &mut done).await?;
+            }
+        }
+
+        for blob in entries(self.registries.blobs_dir()) {
+            let unused_for = std::fs::metadata(&blob)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|at| at.elapsed().ok());
+            if unused_for.is_some_and(|d| d > BLOBS_UNUSED_FOR) {
+                remove(&blob, &mut done).await?;
+                done.blobs += 1;
             }
         }
 

@@ -1,6 +1,8 @@
 //! Images from OCI registries (`from_image`): the manifest and config fetched with
 //! [`oci_client`], and every layer blob kept at `{templates_dir}/blobs/sha256/{hex}` once its
 //! digest has been checked, so a rebuild, or another image sharing a layer, downloads nothing.
+//! A pull that finds a blob cached marks it used (its mtime); collection removes the blobs no
+//! pull has used for a while.
 //!
 //! Only the download happens on the host. The layers are applied inside build sandboxes (see
 //! `run.rs`), so no byte of an image is interpreted here.
@@ -49,6 +51,11 @@ impl Registries {
             blobs: templates_dir.join("blobs").join("sha256"),
             reach: Arc::new(reach),
         }
+    }
+
+    /// Where the layer blobs are kept.
+    pub fn blobs_dir(&self) -> &Path {
+        &self.blobs
     }
 
     /// Fetches the image's manifest (the linux/amd64 one of an index) and config, and every
@@ -119,6 +126,11 @@ impl Registries {
             let blob = self.blob_path(&layer.digest)?;
             if blob.is_file() {
                 progress(format!("layer {} cached", short(&layer.digest)));
+                let used = std::fs::File::open(&blob)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                if let Err(e) = used {
+                    tracing::warn!(blob = %blob.display(), error = %e, "marking a blob used failed");
+                }
             } else {
                 progress(format!(
                     "layer {}: downloading {:.1} MB",
