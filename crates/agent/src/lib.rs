@@ -18,5 +18,6 @@ pub mod reaper;
 pub mod rlimits;
 pub mod rpc;
 pub mod state;
+pub mod sudo;
 pub mod users;
 pub mod watch;

@@ -7,7 +7,7 @@
 
 use airlock_agent::state::{Agent, AgentState};
 use airlock_agent::{
-    auth, caps, files, fs, interpreter, layer, oom, process, provision, reaper, rpc, watch,
+    auth, caps, files, fs, interpreter, layer, oom, process, provision, reaper, rpc, sudo, watch,
 };
 use airlock_wire::envd::InitRequest;
 use axum::extract::State;
@@ -61,9 +61,14 @@ fn detach_stdio() -> std::io::Result<()> {
 }
 
 fn main() {
+    // Templates link /usr/bin/sudo to this binary (see `sudo`).
+    let invoked_as = std::env::args().next().unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if std::path::Path::new(&invoked_as).file_name() == Some("sudo".as_ref()) {
+        sudo::client::main(&args);
+    }
     // Tools the build runs inside a build sandbox, with this same static binary: an image may
     // have nothing else to run them with.
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let tool = match args.first().map(String::as_str) {
         Some("unpack-layer") => Some(layer::main(&args[1..])),
         Some("provision") => Some(provision::main(&args[1..])),
@@ -131,6 +136,9 @@ async fn serve() {
             if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(duty) {
                 tracing::error!(thread = name, error = %e, "cannot start a thread");
             }
+        }
+        if let Err(e) = sudo::server::listen() {
+            tracing::error!(error = %e, "cannot answer sudo calls");
         }
     }
     let agent = Agent::new();

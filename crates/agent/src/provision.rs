@@ -1,14 +1,16 @@
 //! `airlock-agent provision ROOT [CA_BUNDLE]`: adds what a sandbox needs to an image's root
 //! filesystem, and nothing else of the user's changes:
 //! - a `root` entry, if the image has none (a scratch image may have no `/etc/passwd`);
-//! - the `user` account (uid 1000 when free), its home, and passwordless sudo where the image
-//!   has sudo's drop-in directory, as E2B's templates have;
+//! - the `user` account (uid 1000 when free), its home, and passwordless sudo, as E2B's
+//!   templates have: a sudoers rule, and `/usr/bin/sudo` linked to the agent (see
+//!   [`crate::sudo`]; a real sudo is moved aside);
 //! - a world-writable `/tmp`;
 //! - the host's CA bundle at [`CA_PATH`], which the template's environment points TLS clients at.
 //!
 //! Written in Rust rather than as a shell script because an image need not have a shell.
 
 use crate::users::find_in_passwd;
+use airlock_wire::AGENT_PATH;
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::path::Path;
 
@@ -51,11 +53,14 @@ fn provision(root: &Path, ca: Option<&Path>) -> std::io::Result<()> {
         chown(&home, Some(uid), Some(gid))?;
     }
     let sudoers = etc.join("sudoers.d");
-    if sudoers.is_dir() {
-        let file = sudoers.join("airlock-user");
-        std::fs::write(&file, format!("{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"))?;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440))?;
+    if !sudoers.is_dir() {
+        std::fs::create_dir_all(&sudoers)?;
+        std::fs::set_permissions(&sudoers, std::fs::Permissions::from_mode(0o750))?;
     }
+    let file = sudoers.join("airlock-user");
+    std::fs::write(&file, format!("{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440))?;
+    link_sudo(root)?;
     let tmp = root.join("tmp");
     std::fs::create_dir_all(&tmp)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))?;
@@ -66,6 +71,32 @@ fn provision(root: &Path, ca: Option<&Path>) -> std::io::Result<()> {
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644))?;
     }
     Ok(())
+}
+
+/// Links `/usr/bin/sudo` to the agent, whose `sudo` works where a set-user-ID one cannot
+/// (gVisor ignores the bit). A real sudo is moved aside to `/usr/bin/sudo.real`; where the
+/// image has dpkg, as a local diversion, so that installing or upgrading sudo later puts it
+/// there too and leaves the link alone.
+fn link_sudo(root: &Path) -> std::io::Result<()> {
+    let sudo = root.join("usr/bin/sudo");
+    std::fs::create_dir_all(root.join("usr/bin"))?;
+    let dpkg = root.join("var/lib/dpkg");
+    if dpkg.is_dir() {
+        let diversions = dpkg.join("diversions");
+        if !read(&diversions)?.lines().any(|l| l == "/usr/bin/sudo") {
+            // dpkg's record of a diversion: the path, where it goes, and `:` for "local".
+            append(&diversions, "/usr/bin/sudo\n/usr/bin/sudo.real\n:")?;
+        }
+    }
+    match std::fs::symlink_metadata(&sudo) {
+        Ok(m) if m.is_symlink() && std::fs::read_link(&sudo)? == Path::new(AGENT_PATH) => {
+            return Ok(())
+        }
+        Ok(_) => std::fs::rename(&sudo, root.join("usr/bin/sudo.real"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::os::unix::fs::symlink(AGENT_PATH, &sudo)
 }
 
 /// Adds `user` with uid and gid 1000, or the lowest free number above it.
@@ -147,6 +178,38 @@ mod tests {
         let sudo = std::fs::read_to_string(root.join("etc/sudoers.d/airlock-user")).unwrap();
         assert_eq!(sudo, "user ALL=(ALL:ALL) NOPASSWD: ALL\n");
         assert!(root.join("home/user").is_dir());
+        assert_eq!(
+            std::fs::read_link(root.join("usr/bin/sudo")).unwrap(),
+            Path::new(AGENT_PATH)
+        );
+    }
+
+    #[test]
+    fn a_real_sudo_is_diverted_aside_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::create_dir_all(root.join("var/lib/dpkg")).unwrap();
+        std::fs::write(root.join("usr/bin/sudo"), b"setuid sudo").unwrap();
+        std::fs::write(
+            root.join("var/lib/dpkg/diversions"),
+            "/bin/sh\n/bin/sh.distrib\ndash\n",
+        )
+        .unwrap();
+        provision(root, None).unwrap();
+        provision(root, None).unwrap();
+        assert_eq!(
+            std::fs::read(root.join("usr/bin/sudo.real")).unwrap(),
+            b"setuid sudo"
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("usr/bin/sudo")).unwrap(),
+            Path::new(AGENT_PATH)
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("var/lib/dpkg/diversions")).unwrap(),
+            "/bin/sh\n/bin/sh.distrib\ndash\n/usr/bin/sudo\n/usr/bin/sudo.real\n:\n"
+        );
     }
 
     #[test]
@@ -161,7 +224,6 @@ mod tests {
         let after = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
         assert!(after.starts_with(passwd));
         assert!(after.ends_with("\nuser:x:1001:1001::/home/user:/bin/sh\n"));
-        assert!(!root.join("etc/sudoers.d").exists());
         // Run twice, nothing is added twice.
         provision(root, None).unwrap();
         assert_eq!(

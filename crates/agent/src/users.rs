@@ -17,6 +17,8 @@ pub struct User {
     pub uid: u32,
     pub gid: u32,
     pub home: PathBuf,
+    /// Its login shell.
+    pub shell: PathBuf,
 }
 
 impl User {
@@ -40,7 +42,15 @@ impl User {
             uid: 0,
             gid: 0,
             home: PathBuf::from("/root"),
+            shell: PathBuf::from("/bin/sh"),
         }
+    }
+
+    /// The user whose uid is `uid` (the first entry, as libc's `getpwuid` finds it).
+    pub fn with_uid(uid: u32) -> Option<User> {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        let found = passwd_entries(&passwd).find(|u| u.uid == uid);
+        found.or_else(|| (uid == 0).then(User::root))
     }
 
     /// The environment every process of this user starts from (sandbox env vars come on top).
@@ -91,16 +101,25 @@ pub fn normalize(path: &Path) -> PathBuf {
 }
 
 pub(crate) fn find_in_passwd(passwd: &str, name: &str) -> Option<User> {
-    passwd.lines().find_map(|line| {
+    passwd_entries(passwd).find(|u| u.name == name)
+}
+
+fn passwd_entries(passwd: &str) -> impl Iterator<Item = User> + '_ {
+    passwd.lines().filter_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
-        if fields.len() < 7 || fields[0] != name {
+        if fields.len() < 7 || fields[0].is_empty() {
             return None;
         }
         Some(User {
-            name: name.to_owned(),
+            name: fields[0].to_owned(),
             uid: fields[2].parse().ok()?,
             gid: fields[3].parse().ok()?,
             home: PathBuf::from(fields[5]),
+            shell: PathBuf::from(if fields[6].is_empty() {
+                "/bin/sh"
+            } else {
+                fields[6]
+            }),
         })
     })
 }

@@ -8,8 +8,7 @@ use crate::ids::SandboxId;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-/// Where every driver puts the agent inside a sandbox: a build step can run it as a tool too.
-pub const AGENT_PATH: &str = "/opt/airlock/airlock-agent";
+pub use airlock_wire::AGENT_PATH;
 
 /// Everything a driver needs to start one sandbox.
 #[derive(Debug, Clone)]

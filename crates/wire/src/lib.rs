@@ -18,6 +18,10 @@ pub const ENVD_VERSION: &str = "0.5.7";
 
 /// Port of the in-sandbox agent (envd protocol).
 pub const ENVD_PORT: u16 = 49983;
+
+/// Where every driver puts the agent inside a sandbox: a build step can run it as a tool too,
+/// and templates link `/usr/bin/sudo` to it.
+pub const AGENT_PATH: &str = "/opt/airlock/airlock-agent";
 /// Port of the code interpreter (E2B's Jupyter server) inside a sandbox.
 pub const CODE_INTERPRETER_PORT: u16 = 49999;
 

@@ -42,7 +42,7 @@ const IMAGE_CA_BUNDLE: &str = "/etc/airlock/ca-certificates.crt";
 /// Bump when how a Debian root is made changes: its layer is cached by this.
 const DEBOOTSTRAP_FORMAT: &str = "debootstrap-minbase-v2";
 /// Bump when what `provision` does changes: its layers are cached by this.
-const PROVISION_FORMAT: &str = "provision-v1";
+const PROVISION_FORMAT: &str = "provision-v2";
 /// Bump when what a step's layer keeps changes (v2: what it leaves in `/tmp`): every layer is
 /// cached by this, so layers made the old way are made again.
 const STEP_FORMAT: &str = "step-v2";
