@@ -1,6 +1,7 @@
 """Lifecycle through the stock SDK and the raw API: list by metadata, kill, timeouts, bad input."""
 
 import json
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -12,10 +13,12 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    SandboxState,
 )
-from e2b.exceptions import NotFoundException
+from e2b.exceptions import NotFoundException, SandboxNotRunningException
 
 from conftest import API_KEY
+from test_tenants import wait_for_port
 
 
 def listed_ids(metadata):
@@ -47,9 +50,82 @@ def test_list_paginates(server, sandbox_factory):
     assert not paginator.has_next
 
 
+def test_list_orders_filters_and_pages_by_start_time(sandbox_factory):
+    """Newest first by default; `order="asc"`; `started_after`; the template filter; running
+    and paused both by default; and pages that stay right when a listed sandbox is killed
+    between them."""
+    tag = uuid.uuid4().hex
+    made = []
+    for _ in range(3):
+        made.append(sandbox_factory(metadata={"order": tag}))
+        time.sleep(1.1)  # start times are in seconds
+    ids = [s.sandbox_id for s in made]
+
+    def listed(limit=None, order=None, **query):
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"order": tag}, **query),
+                                 limit=limit, order=order)
+        out = []
+        while paginator.has_next:
+            out += [s.sandbox_id for s in paginator.next_items()]
+        return out
+
+    assert listed() == ids[::-1]
+    assert listed(order="asc") == ids
+    assert listed(limit=1) == ids[::-1]
+    assert listed(started_after=made[1].get_info().started_at) == ids[:0:-1]
+    assert listed(template="base") == ids[::-1]
+    assert listed(template="no-such-template") == []
+
+    made[0].pause()
+    assert listed() == ids[::-1], "paused ones are listed too"
+    assert listed(state=[SandboxState.RUNNING]) == ids[:0:-1]
+
+    paginator = Sandbox.list(query=SandboxQuery(metadata={"order": tag}), limit=1)
+    assert [s.sandbox_id for s in paginator.next_items()] == [ids[2]]
+    made[1].kill()
+    assert [s.sandbox_id for s in paginator.next_items()] == [ids[0]]
+    assert not paginator.has_next
+
+
+def test_the_js_sdk_lists_newest_first_and_never_a_killed_sandbox(server):
+    js = """
+      import { Sandbox } from 'e2b'
+      const metadata = { js: process.argv[1] }
+      const ids = async (opts = {}) => (await Sandbox.list({ query: { metadata }, ...opts })
+        .nextItems()).map((s) => s.sandboxId)
+      const a = await Sandbox.create({ metadata })
+      await new Promise((r) => setTimeout(r, 1100))
+      const b = await Sandbox.create({ metadata })
+      const before = await ids()
+      const asc = await ids({ order: 'asc' })
+      await b.kill()
+      const after = await ids()
+      let info = 'listed'
+      try { await Sandbox.getInfo(b.sandboxId) } catch (e) { info = e.constructor.name }
+      await a.kill()
+      console.log(JSON.stringify({ order: [a.sandboxId, b.sandboxId], before, asc, after, info }))
+    """
+    got = server.js(js, uuid.uuid4().hex)
+    a, b = got["order"]
+    assert got["before"] == [b, a] and got["asc"] == [a, b], got
+    assert got["after"] == [a] and got["info"] == "SandboxNotFoundError", got
+
+
+def test_bad_list_queries_are_400(server):
+    for query, named in [("order=sideways", "sideways"), ("state=asleep", "asleep"),
+                         ("startedAfter=yesterday", "yesterday"),
+                         ("nextToken=garbage", "nextToken")]:
+        status, body = server.api("GET", f"/v2/sandboxes?{query}")
+        assert (status, body["code"]) == (400, 400) and named in body["message"], body
+
+
 def test_kill_then_everything_says_not_found(sandbox):
     sandbox_id = sandbox.sandbox_id
     assert sandbox.kill() is True
+    # Gone at once for every view, while the host tears it down.
+    assert sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox_id)
     assert not sandbox.is_running()
     assert Sandbox.kill(sandbox_id) is False
     with pytest.raises(SandboxException) as exc:
@@ -81,9 +157,30 @@ def test_killing_a_sandbox_mid_command_ends_the_stream(sandbox_factory):
     sbx = sandbox_factory()
     handle = sbx.commands.run("sleep 600", background=True)
     Sandbox.kill(sbx.sandbox_id)
-    with pytest.raises(Exception) as exc:
+    # E2B's own words: the SDK finds the sandbox gone once its stream breaks.
+    with pytest.raises(SandboxNotRunningException) as exc:
         handle.wait()
-    assert "killed" in str(exc.value).lower() or "not found" in str(exc.value).lower() or "not running" in str(exc.value).lower()
+    assert "The sandbox was killed or reached its end of life" in str(exc.value), exc.value
+
+
+def test_get_host_names_a_port_the_proxy_serves(server, restarted):
+    """With `--domain localhost:PORT`, `get_host(8080)` is `8080-{id}.localhost:PORT`, which
+    curl (as browsers) sends to loopback, and the server's proxy to the sandbox's port 8080."""
+    domain = f"localhost:{server.port}"
+    restarted("--domain", domain)
+    sbx = Sandbox.create()
+    try:
+        sbx.commands.run("cd /tmp && echo served > index.html && python3 -m http.server 8080",
+                         background=True)
+        wait_for_port(sbx, 8080)
+        host = sbx.get_host(8080)
+        assert host == f"8080-{sbx.sandbox_id}.{domain}"
+        assert Sandbox.get_info(sbx.sandbox_id).sandbox_domain == domain
+        got = subprocess.run(["curl", "-sS", f"http://{host}/index.html"],
+                             capture_output=True, text=True, timeout=30)
+        assert got.stdout == "served\n", got.stderr
+    finally:
+        sbx.kill()
 
 
 def test_connect_returns_a_working_sandbox(sandbox):

@@ -182,7 +182,7 @@ async fn create(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox_body(&state.store, &sandbox.record())),
+        Json(sandbox_body(state, &sandbox.record())),
     )
         .into_response())
 }
@@ -214,8 +214,8 @@ fn template_names(store: &Store, r: &SandboxRecord) -> (String, String) {
     }
 }
 
-fn sandbox_body(store: &Store, r: &SandboxRecord) -> Sandbox {
-    let (template_id, alias) = template_names(store, r);
+fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
+    let (template_id, alias) = template_names(&state.store, r);
     Sandbox {
         template_id,
         sandbox_id: r.id.to_string(),
@@ -224,7 +224,7 @@ fn sandbox_body(store: &Store, r: &SandboxRecord) -> Sandbox {
         envd_version: ENVD_VERSION.into(),
         envd_access_token: r.access_token.clone(),
         traffic_access_token: r.traffic_access_token.clone(),
-        domain: None,
+        domain: state.domain.clone(),
     }
 }
 
@@ -234,8 +234,8 @@ fn rfc3339(unix: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn detail_body(store: &Store, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
-    let (template_id, alias) = template_names(store, r);
+fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
+    let (template_id, alias) = template_names(&state.store, r);
     SandboxDetail {
         template_id,
         sandbox_id: r.id.to_string(),
@@ -252,6 +252,7 @@ fn detail_body(store: &Store, r: &SandboxRecord, with_token: bool) -> SandboxDet
             StoredState::Paused => SandboxState::Paused,
         },
         metadata: r.metadata.clone(),
+        domain: state.domain.clone(),
         envd_access_token: if with_token {
             r.access_token.clone()
         } else {
@@ -283,7 +284,7 @@ fn network_body(r: &SandboxRecord) -> NetworkConfig {
 }
 
 async fn detail(State(state): State<AppState>, Owned { record, .. }: Owned) -> Json<SandboxDetail> {
-    Json(detail_body(&state.store, &record, true))
+    Json(detail_body(&state, &record, true))
 }
 
 async fn kill(
@@ -350,7 +351,7 @@ async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(sandbox_body(&state.store, &sandbox.record()))).into_response())
+    Ok((status, Json(sandbox_body(&state, &sandbox.record()))).into_response())
 }
 
 /// The body is optional (`{}` or E2B's `{"memory": false, ...}`); every pause keeps memory.
@@ -373,7 +374,7 @@ async fn resume(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox_body(&state.store, &sandbox.record())),
+        Json(sandbox_body(&state, &sandbox.record())),
     )
         .into_response())
 }
@@ -447,7 +448,7 @@ async fn fork(
     let entries: Vec<ForkResult> = forks
         .into_iter()
         .map(|f| match f {
-            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&state.store, &sandbox.record())),
+            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&state, &sandbox.record())),
             Err(e) => {
                 let e = ApiError::from(e);
                 ForkResult::Error(ErrorBody {
@@ -478,21 +479,44 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("malformed percent-encoding in {s:?}")))
 }
 
-fn matching(
+/// The caller's sandboxes that the list query's filters let through, oldest first:
+/// `metadata`, `state` (`by_default` without one), `template` (id or name, a tag aside) and
+/// `startedAfter` / `startedBefore` (RFC 3339, both inclusive).
+fn matching<'a>(
     state: &AppState,
     caller: &Caller,
-    query: &HashMap<String, String>,
+    query: &'a HashMap<String, String>,
+    by_default: &[&'a str],
 ) -> Result<Vec<Arc<SandboxRecord>>, ApiError> {
     let filter = match query.get("metadata") {
         Some(raw) => parse_metadata_filter(raw)?,
         None => BTreeMap::new(),
     };
-    // Without `state`, E2B lists running sandboxes only.
     let states: Vec<&str> = match query.get("state") {
         Some(states) => states.split(',').map(str::trim).collect(),
-        None => vec!["running"],
+        None => by_default.to_vec(),
     };
-    let template = query.get("template");
+    if let Some(bad) = states.iter().find(|s| !["running", "paused"].contains(s)) {
+        return Err(ApiError::bad_request(format!(
+            "state '{bad}' is not one of running, paused"
+        )));
+    }
+    let time = |name: &str| -> Result<Option<i64>, ApiError> {
+        query
+            .get(name)
+            .map(|t| {
+                chrono::DateTime::parse_from_rfc3339(t)
+                    .map(|t| t.timestamp())
+                    .map_err(|_| {
+                        ApiError::bad_request(format!("{name} '{t}' is not an RFC 3339 time"))
+                    })
+            })
+            .transpose()
+    };
+    let (after, before) = (time("startedAfter")?, time("startedBefore")?);
+    let template = query
+        .get("template")
+        .map(|t| airlock_core::store::split_reference(t).0);
     Ok(state
         .lifecycle
         .list_records()
@@ -500,9 +524,13 @@ fn matching(
         .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+        .filter(|r| after.is_none_or(|t| r.started_at >= t))
+        .filter(|r| before.is_none_or(|t| r.started_at <= t))
         .filter(|r| {
-            let names = template_names(&state.store, r);
-            template.is_none_or(|t| *t == names.0 || *t == names.1)
+            template.is_none_or(|t| {
+                let (id, name) = template_names(&state.store, r);
+                t == id || t == name
+            })
         })
         .collect())
 }
@@ -512,22 +540,32 @@ async fn list_v1(
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
-    let all = matching(&state, &caller, &query)?;
+    // E2B's first list shows running sandboxes only.
+    let all = matching(&state, &caller, &query, &["running"])?;
     Ok(Json(
-        all.iter()
-            .map(|r| detail_body(&state.store, r, false))
-            .collect(),
+        all.iter().map(|r| detail_body(&state, r, false)).collect(),
     ))
 }
 
-/// Paginated list: `nextToken` is the id of the first sandbox of the next page.
+/// Paginated list, newest first unless `order=asc`. `nextToken` names the place after the
+/// last sandbox of the page (its start time and id), so pages stay right when sandboxes
+/// come and go between them.
 async fn list_v2(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let mut all = matching(&state, &caller, &query)?;
-    if query.get("order").map(String::as_str) == Some("desc") {
+    let mut all = matching(&state, &caller, &query, &["running", "paused"])?;
+    let newest_first = match query.get("order").map(String::as_str) {
+        None | Some("desc") => true,
+        Some("asc") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "order '{other}' is not one of asc, desc"
+            )))
+        }
+    };
+    if newest_first {
         all.reverse();
     }
     let limit = match query.get("limit") {
@@ -538,22 +576,30 @@ async fn list_v2(
             .ok_or_else(|| ApiError::bad_request(format!("limit must be 1..={MAX_PAGE}")))?,
         None => MAX_PAGE,
     };
+    let place = |r: &SandboxRecord| format!("{}.{}", r.started_at, r.id);
     let start = match query.get("nextToken").filter(|t| !t.is_empty()) {
-        Some(token) => all
-            .iter()
-            .position(|r| r.id.as_str() == token)
-            .ok_or_else(|| ApiError::bad_request("nextToken is unknown or expired"))?,
+        Some(token) => {
+            let (at, id) = token
+                .split_once('.')
+                .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id)))
+                .ok_or_else(|| ApiError::bad_request("nextToken is not one this server gave"))?;
+            let after = |r: &&Arc<SandboxRecord>| {
+                let here = (r.started_at, r.id.as_str());
+                if newest_first {
+                    here < (at, id)
+                } else {
+                    here > (at, id)
+                }
+            };
+            all.iter().position(|r| after(&r)).unwrap_or(all.len())
+        }
         None => 0,
     };
-    let page: Vec<SandboxDetail> = all
-        .iter()
-        .skip(start)
-        .take(limit)
-        .map(|r| detail_body(&state.store, r, false))
-        .collect();
-    let mut resp = Json(page).into_response();
-    if let Some(next) = all.get(start + limit) {
-        if let Ok(v) = HeaderValue::from_str(next.id.as_str()) {
+    let page: Vec<&Arc<SandboxRecord>> = all.iter().skip(start).take(limit).collect();
+    let body: Vec<SandboxDetail> = page.iter().map(|r| detail_body(&state, r, false)).collect();
+    let mut resp = Json(body).into_response();
+    if let (Some(last), true) = (page.last(), all.len() > start + limit) {
+        if let Ok(v) = HeaderValue::from_str(&place(last)) {
             resp.headers_mut().insert("x-next-token", v);
         }
     }

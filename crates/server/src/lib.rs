@@ -27,6 +27,8 @@ pub struct AppStateInner {
     pub store: Arc<Store>,
     pub http: proxy::HttpClient,
     pub signers: proxy::Signers,
+    /// `--domain`: what sandboxes' ports are named under (`{port}-{id}.{domain}`).
+    pub domain: Option<String>,
 }
 
 pub type AppState = Arc<AppStateInner>;

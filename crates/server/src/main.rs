@@ -112,6 +112,14 @@ enum Command {
         /// name cannot make the server reach what only it can reach. Repeat for several.
         #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
         insecure_registries: Vec<String>,
+        /// The domain sandboxes' ports are reached under. Sandboxes report it, so the SDK's
+        /// `sandbox.get_host(8080)` returns `8080-{id}.{DOMAIN}`, a name this server's proxy
+        /// routes to port 8080 of that sandbox. `localhost:3000` (this server's own address)
+        /// works with no DNS: browsers and curl send `*.localhost` to loopback. Otherwise use a
+        /// wildcard DNS name for this host. Keep E2B_SANDBOX_URL pointed at the server: without
+        /// it, the SDK would send its own traffic to https://49983-{id}.{DOMAIN}.
+        #[arg(long, value_name = "DOMAIN", value_parser = parse_domain)]
+        domain: Option<String>,
         /// MiB that template builds leave free on the disk of the templates dir: a build step
         /// that takes it below this is stopped and its build fails, so that no build fills the
         /// host's disk.
@@ -163,6 +171,24 @@ enum Command {
     },
 }
 
+/// A host name, with a port if need be (`localhost:3000`, `sandbox.example.com`).
+fn parse_domain(text: &str) -> Result<String, String> {
+    let (host, port) = text.split_once(':').unwrap_or((text, "0"));
+    let valid_host = !host.is_empty()
+        && host.len() <= 200
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        });
+    if !valid_host || port.parse::<u16>().is_err() {
+        return Err(format!(
+            "'{text}' is not a domain (e.g. localhost:3000 or sandboxes.example.com)"
+        ));
+    }
+    Ok(text.to_ascii_lowercase())
+}
+
 fn main() -> ExitCode {
     airlock_netd::init_logging();
     let cli = Cli::parse();
@@ -204,6 +230,7 @@ async fn run(cli: Cli) -> ExitCode {
             build_step_timeout,
             insecure_open_network,
             prepare_only,
+            domain,
         } => serve::serve(serve::ServeOptions {
             listen,
             data_dir: cli.data_dir.clone(),
@@ -214,6 +241,7 @@ async fn run(cli: Cli) -> ExitCode {
             build_step_timeout: Duration::from_secs(build_step_timeout),
             insecure_open_network,
             prepare_only,
+            domain,
             limits: Limits {
                 max_sandboxes,
                 per_key: KeyQuota {

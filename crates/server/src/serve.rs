@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub insecure_open_network: bool,
     /// Build the built-in templates and their golden images, then stop instead of serving.
     pub prepare_only: bool,
+    /// What sandboxes' ports are named under, for the SDK's `get_host`.
+    pub domain: Option<String>,
 }
 
 /// `name` (`airlock-agent`, `airlock-netd`) is shipped next to the `airlock` binary.
@@ -238,6 +240,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         store,
         http,
         signers: proxy::Signers::default(),
+        domain: opts.domain,
     });
     let app = Router::new()
         .route("/health", get(|| async { (StatusCode::OK, "ok") }))
@@ -326,8 +329,9 @@ async fn collect_garbage(builder: &Builder, data: &DataDir) {
         Ok(done) if done.bytes > 0 => tracing::info!(
             layers = done.layers,
             mounts = done.mounts,
+            blobs = done.blobs,
             freed_mb = done.bytes >> 20,
-            "collected what no template, sandbox or snapshot uses"
+            "collected what no template, sandbox or snapshot uses, and image blobs no pull used lately"
         ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "collecting unused template files failed"),

@@ -134,7 +134,8 @@ pub struct Sandbox {
     pub envd_access_token: Option<String>,
     /// What the SDK sends in `E2B-Traffic-Access-Token` to the sandbox's ports besides envd's.
     pub traffic_access_token: Option<String>,
-    /// Always null: a non-null domain would redirect the SDK's sandbox traffic.
+    /// `airlock serve --domain`: what the SDK's `get_host(port)` names the sandbox's ports
+    /// under (`{port}-{id}.{domain}`).
     pub domain: Option<String>,
 }
 
@@ -168,6 +169,9 @@ pub struct SandboxDetail {
     pub disk_size_mb: u32,
     pub state: SandboxState,
     pub metadata: BTreeMap<String, String>,
+    /// As in [`Sandbox::domain`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
