@@ -42,6 +42,18 @@ pub struct Resources {
     pub disk_mb: u32,
 }
 
+/// A running sandbox's use of the host, read from its cgroup and its disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// CPU time used since it started, in nanoseconds.
+    pub cpu_ns: u64,
+    /// Memory charged for it, and the part of that which is page cache.
+    pub memory_bytes: u64,
+    pub memory_cache_bytes: u64,
+    /// What its writable layer holds (0 without a disk of its own).
+    pub disk_bytes: u64,
+}
+
 /// Where a started sandbox lives: the driver's handle for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
@@ -125,6 +137,9 @@ pub trait Driver: Send + Sync + 'static {
 
     /// The memory the host charges the sandbox's processes for, in bytes; `None` if unknown.
     fn memory_used(&self, id: &SandboxId) -> Option<u64>;
+
+    /// What the running sandbox has used so far and holds now; `None` if it does not run here.
+    fn usage(&self, id: &SandboxId) -> Option<Usage>;
 
     /// The networks no sandbox may reach, whatever its policy: the platform's ranges and the
     /// host's own. A template build's image pull may not reach them either.

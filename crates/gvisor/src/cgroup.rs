@@ -54,6 +54,45 @@ pub(crate) fn memory_usage(id: &str) -> Option<u64> {
     .and_then(|s| s.trim().parse().ok())
 }
 
+/// The CPU time the sandbox's cgroup has used, in nanoseconds (v1 `cpuacct.usage`, v2
+/// `usage_usec` of `cpu.stat`).
+pub(crate) fn cpu_usage_ns(id: &str) -> Option<u64> {
+    let root = Path::new(CGROUP_ROOT);
+    let v1 = ["cpuacct", "cpu,cpuacct"]
+        .iter()
+        .map(|c| root.join(c).join(PARENT).join(id).join("cpuacct.usage"))
+        .find_map(|f| std::fs::read_to_string(f).ok());
+    if let Some(ns) = v1 {
+        return ns.trim().parse().ok();
+    }
+    let stat = std::fs::read_to_string(root.join(PARENT).join(id).join("cpu.stat")).ok()?;
+    stat_field(&stat, "usage_usec").map(|us| us * 1000)
+}
+
+/// The page cache the sandbox's cgroup is charged for, in bytes (v1 `total_cache`, v2 `file`
+/// of `memory.stat`).
+pub(crate) fn memory_cache(id: &str) -> Option<u64> {
+    let root = Path::new(CGROUP_ROOT);
+    let v1 = root
+        .join("memory")
+        .join(PARENT)
+        .join(id)
+        .join("memory.stat");
+    if let Ok(stat) = std::fs::read_to_string(v1) {
+        return stat_field(&stat, "total_cache");
+    }
+    let stat = std::fs::read_to_string(root.join(PARENT).join(id).join("memory.stat")).ok()?;
+    stat_field(&stat, "file")
+}
+
+/// The value of `name` in a `name value` per line file (`memory.stat`, `cpu.stat`).
+fn stat_field(stat: &str, name: &str) -> Option<u64> {
+    stat.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
 /// Sets the most memory the host lets the sandbox's processes (sentry, gofer) hold, in bytes
 /// (v1 `memory.limit_in_bytes`, v2 `memory.max`).
 pub(crate) fn set_memory_limit(id: &str, bytes: u64) -> Result<(), DriverError> {

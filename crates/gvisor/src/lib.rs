@@ -488,6 +488,16 @@ impl Driver for GvisorDriver {
         cgroup::memory_usage(id.as_str())
     }
 
+    fn usage(&self, id: &SandboxId) -> Option<airlock_core::driver::Usage> {
+        let id = id.as_str();
+        Some(airlock_core::driver::Usage {
+            cpu_ns: cgroup::cpu_usage_ns(id)?,
+            memory_bytes: cgroup::memory_usage(id)?,
+            memory_cache_bytes: cgroup::memory_cache(id).unwrap_or(0),
+            disk_bytes: disk::used(&self.bundle_dir(id).join("overlay")).unwrap_or(0),
+        })
+    }
+
     fn unreachable(&self) -> Vec<airlock_core::egress::Ipv4Net> {
         self.network.unreachable().to_vec()
     }

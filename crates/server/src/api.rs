@@ -46,6 +46,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/snapshots", get(list_snapshots))
         .route("/templates/{id}", delete(delete_template))
         .merge(crate::templates_api::routes())
+        .merge(crate::metrics_api::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
 }
 
@@ -61,7 +62,7 @@ pub struct Caller(pub String);
 impl Caller {
     /// Whether this caller may see something owned by `owner` (records from before keys had
     /// owners belong to no key).
-    fn sees(&self, owner: &Option<String>) -> bool {
+    pub(crate) fn sees(&self, owner: &Option<String>) -> bool {
         owner.as_deref() == Some(self.0.as_str())
     }
 }

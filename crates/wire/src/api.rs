@@ -206,6 +206,28 @@ pub struct TemplateInfo {
     pub size_bytes: u64,
 }
 
+/// One sample of a sandbox's use (`GET /sandboxes/{id}/metrics`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxMetric {
+    /// RFC 3339.
+    pub timestamp: String,
+    pub timestamp_unix: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+/// `GET /sandboxes/metrics`: the latest sample of each sandbox asked for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: BTreeMap<String, SandboxMetric>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,7 @@ mod checkpoint;
 mod create;
 mod expiry;
 mod kill;
+pub mod metrics;
 mod pools;
 mod recovery;
 mod registry;
@@ -246,6 +247,7 @@ pub struct Lifecycle {
     /// Destroys and auto-pauses running in the background (a kill answers before the host
     /// cleanup is done).
     destroying: TaskTracker,
+    metrics: metrics::Metrics,
 }
 
 pub fn now_unix() -> i64 {
@@ -282,6 +284,7 @@ impl Lifecycle {
             pools: Pools::default(),
             refill: Notify::new(),
             destroying: TaskTracker::new(),
+            metrics: metrics::Metrics::default(),
         })
     }
 

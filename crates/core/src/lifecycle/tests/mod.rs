@@ -108,6 +108,9 @@ impl Driver for RecordingDriver {
     fn memory_used(&self, _id: &SandboxId) -> Option<u64> {
         None
     }
+    fn usage(&self, _id: &SandboxId) -> Option<crate::driver::Usage> {
+        None
+    }
     fn unreachable(&self) -> Vec<crate::egress::Ipv4Net> {
         crate::egress::platform_deny().collect()
     }
