@@ -65,14 +65,18 @@ impl Lifecycle {
     /// Takes one sample of each running sandbox, and forgets the samples of sandboxes gone.
     fn sample_all(&self) {
         let sandboxes = self.sandboxes.all();
+        // Read the host first: the lock is not held across file reads, so metrics calls
+        // never wait for them.
+        let readings: Vec<_> = sandboxes
+            .iter()
+            .filter(|s| s.phase() == Phase::Running)
+            .filter_map(|s| Some((s, self.driver.usage(s.id())?)))
+            .collect();
         let now = Instant::now();
         let at_ms = chrono::Utc::now().timestamp_millis();
         let mut series = self.metrics.lock();
         series.retain(|id, _| sandboxes.iter().any(|s| s.id() == id));
-        for sandbox in sandboxes.iter().filter(|s| s.phase() == Phase::Running) {
-            let Some(usage) = self.driver.usage(sandbox.id()) else {
-                continue;
-            };
+        for (sandbox, usage) in readings {
             let resources = sandbox.record().resources;
             let entry = series.entry(sandbox.id().clone()).or_default();
             let cpu_used_pct = match entry.last_cpu {
