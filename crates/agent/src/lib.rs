@@ -11,6 +11,7 @@ pub mod files;
 pub mod fs;
 pub mod interpreter;
 pub mod layer;
+pub mod log;
 pub mod oom;
 pub mod process;
 pub mod provision;

@@ -7,7 +7,8 @@
 
 use airlock_agent::state::{Agent, AgentState};
 use airlock_agent::{
-    auth, caps, files, fs, interpreter, layer, oom, process, provision, reaper, rpc, sudo, watch,
+    auth, caps, files, fs, interpreter, layer, log, oom, process, provision, reaper, rpc, sudo,
+    watch,
 };
 use airlock_wire::envd::InitRequest;
 use axum::extract::State;
@@ -26,6 +27,7 @@ fn router(state: AgentState) -> Router {
         .merge(process::routes())
         .merge(fs::routes())
         .merge(watch::routes())
+        .merge(log::routes())
         .with_state(state.clone());
     auth::guard(routes, state, auth::Port::Envd)
 }
@@ -142,6 +144,11 @@ async fn serve() {
         }
     }
     let agent = Agent::new();
+    agent.log.write(
+        airlock_wire::logs::LogLevel::Info,
+        "agent started",
+        [("envd_version", airlock_wire::ENVD_VERSION.to_owned())],
+    );
     interpreter::start(agent.clone()).await;
     let app = router(agent);
     if let Err(e) = axum::serve(listener, app).await {

@@ -14,6 +14,7 @@ use airlock_wire::envd::{
     SendInputRequest, SendSignalRequest, Signal, StartEvent, StartRequest, StreamInputRequest,
     UpdateRequest,
 };
+use airlock_wire::logs::{LineBuffer, LogLevel, MAX_LINE, START_CMD_TAG};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -340,10 +341,15 @@ fn spawn(
     });
     let events = handle.subscribe();
     agent.processes.insert(handle.clone());
+    log_start(agent, &handle, user);
 
+    let logged = handle.tag.as_deref() == Some(START_CMD_TAG);
     let pump_tasks: Vec<_> = pumps
         .into_iter()
-        .map(|(reader, kind)| tokio::spawn(pump(handle.clone(), reader, kind)))
+        .map(|(reader, kind)| {
+            let log = logged.then(|| agent.clone());
+            tokio::spawn(pump(handle.clone(), reader, kind, log))
+        })
         .collect();
     let agent = agent.clone();
     let waiter = handle.clone();
@@ -362,6 +368,17 @@ fn spawn(
             },
         };
         agent.processes.remove(waiter.pid);
+        let level = match end.exit_code {
+            0 => LogLevel::Info,
+            _ => LogLevel::Warn,
+        };
+        let message = format!("process {} ended: {}", waiter.pid, end.status);
+        let fields = [
+            ("event", "process_end".to_owned()),
+            ("pid", waiter.pid.to_string()),
+            ("exit_code", end.exit_code.to_string()),
+        ];
+        agent.log.write(level, message, fields);
         waiter.finish(end).await;
     });
     Ok((handle, events))
@@ -376,14 +393,63 @@ enum OutputKind {
     Pty,
 }
 
-async fn pump(handle: Arc<ProcessHandle>, mut reader: BoxedReader, kind: OutputKind) {
+/// Records a process's start in the sandbox's log.
+fn log_start(agent: &AgentState, handle: &ProcessHandle, user: &User) {
+    // Cut so that the message stays within a log line.
+    let mut command = std::iter::once(&handle.config.cmd)
+        .chain(&handle.config.args)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if command.len() > MAX_LINE {
+        let cut = (0..=MAX_LINE).rev().find(|i| command.is_char_boundary(*i));
+        command.truncate(cut.unwrap_or(0));
+    }
+    let message = format!("process {} started as {}: {command}", handle.pid, user.name);
+    let mut fields = vec![
+        ("event", "process_start".to_owned()),
+        ("pid", handle.pid.to_string()),
+        ("user", user.name.clone()),
+    ];
+    if let Some(tag) = &handle.tag {
+        fields.push(("tag", tag.clone()));
+    }
+    agent.log.write(LogLevel::Info, message, fields);
+}
+
+/// Hands a process's output to its subscribers and, with `log`, to the sandbox's log, line by
+/// line.
+async fn pump(
+    handle: Arc<ProcessHandle>,
+    mut reader: BoxedReader,
+    kind: OutputKind,
+    log: Option<AgentState>,
+) {
+    let stream = match kind {
+        OutputKind::Stdout => "stdout",
+        OutputKind::Stderr => "stderr",
+        OutputKind::Pty => "pty",
+    };
+    let mut to_log = |text: String| {
+        if let Some(agent) = &log {
+            let fields = [("pid", handle.pid.to_string()), ("stream", stream.into())];
+            agent.log.write(LogLevel::Info, text, fields);
+        }
+    };
+    let mut lines = LineBuffer::default();
     let mut buf = vec![0u8; CHUNK];
     loop {
         // A terminal's master reports EIO once the last holder of the slave side is gone.
         let n = match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                lines.flush(&mut to_log);
+                return;
+            }
             Ok(n) => n,
         };
+        if log.is_some() {
+            lines.push(&buf[..n], &mut to_log);
+        }
         let data = buf[..n].to_vec();
         let output = match kind {
             OutputKind::Stdout => ProcessOutput::Stdout(data),

@@ -1,10 +1,12 @@
 //! The agent's shared state: what `/init` configured, and the live processes and watchers.
 
+use crate::log::SandboxLog;
 use crate::process::ProcessTable;
 use crate::rpc::RpcError;
 use crate::users::{self, User};
 use crate::watch::WatcherTable;
 use airlock_wire::envd::InitRequest;
+use airlock_wire::logs::LogLevel;
 use axum::http::HeaderMap;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -36,6 +38,7 @@ pub struct Agent {
     config: RwLock<SandboxConfig>,
     pub processes: ProcessTable,
     pub watchers: WatcherTable,
+    pub log: SandboxLog,
     /// Bumped each time `/init` renames the sandbox: a restored checkpoint becoming a sandbox of
     /// its own. State copied from the checkpoint (kernels' random generators) is renewed when it
     /// lags behind.
@@ -52,6 +55,7 @@ impl Agent {
             config: RwLock::new(SandboxConfig::default()),
             processes: ProcessTable::default(),
             watchers: WatcherTable::default(),
+            log: SandboxLog::default(),
             identity: tokio::sync::watch::Sender::new(0),
         })
     }
@@ -87,6 +91,11 @@ impl Agent {
                 nix::unistd::sethostname(name)
                     .map_err(|e| RpcError::internal(format!("setting the hostname: {e}")))?;
                 self.identity.send_modify(|generation| *generation += 1);
+                self.log.write(
+                    LogLevel::Info,
+                    format!("sandbox {name} started"),
+                    [("sandbox", name.clone())],
+                );
             }
         }
         cfg.env_vars = init.env_vars;

@@ -4,7 +4,8 @@ use crate::proxy::HttpClient;
 use airlock_core::lifecycle::{AgentClient, AgentCommand, OutputLine, Program};
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
-use airlock_wire::{CODE_INTERPRETER_PORT, ENVD_PORT};
+use airlock_wire::logs::{LineBuffer, LogEntry, LOGS_PATH, START_CMD_TAG};
+use airlock_wire::{ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT};
 use axum::body::Body;
 use base64::Engine;
 use http_body_util::BodyExt;
@@ -19,8 +20,6 @@ const WARM_UP_CODE: &str = "import numpy, pandas, matplotlib, matplotlib.pyplot\
     get_ipython().history_manager.reset(new_session=True)\n\
     get_ipython().execution_count = 1";
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
-/// Longer output lines are handed on in pieces of this many bytes.
-const MAX_LINE: usize = 4096;
 
 pub struct HttpAgentClient {
     pub http: HttpClient,
@@ -117,6 +116,30 @@ impl AgentClient for HttpAgentClient {
             .await
             .map_err(|_| format!("did not finish within {:?}", command.timeout))?
     }
+
+    async fn logs(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Vec<LogEntry>, String> {
+        let mut req = hyper::Request::get(format!("http://{addr}:{ENVD_PORT}{LOGS_PATH}"));
+        if let Some(token) = token {
+            req = req.header(ACCESS_TOKEN_HEADER, token);
+        }
+        let req = req.body(Body::empty()).map_err(|e| e.to_string())?;
+        let read = async {
+            let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            if !status.is_success() {
+                return Err(format!("the agent answered {status}"));
+            }
+            serde_json::from_slice(&body.to_bytes()).map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .map_err(|_| "no answer in time".to_string())?
+    }
 }
 
 impl HttpAgentClient {
@@ -138,7 +161,10 @@ impl HttpAgentClient {
         if let Some(cwd) = &command.cwd {
             process["cwd"] = cwd.as_str().into();
         }
-        let message = serde_json::json!({ "process": process, "stdin": false });
+        let mut message = serde_json::json!({ "process": process, "stdin": false });
+        if command.logged {
+            message["tag"] = START_CMD_TAG.into();
+        }
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
         let req = hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/process.Process/Start"))
             .header("content-type", connect::STREAM_CONTENT_TYPE)
@@ -158,7 +184,7 @@ impl HttpAgentClient {
         }
         let mut body = resp.into_body();
         let mut decoder = Decoder::default();
-        let (mut stdout, mut stderr) = (Lines::default(), Lines::default());
+        let (mut stdout, mut stderr) = (LineBuffer::default(), LineBuffer::default());
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| format!("the output stream broke: {e}"))?;
             let Some(chunk) = frame.data_ref() else {
@@ -177,13 +203,24 @@ impl HttpAgentClient {
                 let message: ProcessEventMessage = serde_json::from_slice(&envelope.payload)
                     .map_err(|e| format!("unexpected message from the agent: {e}"))?;
                 match message.event {
-                    ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => {
-                        stdout.push(&d, false, output)
+                    ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => stdout
+                        .push(&d, &mut |text| {
+                            output(OutputLine {
+                                text,
+                                stderr: false,
+                            })
+                        }),
+                    ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
+                        stderr.push(&d, &mut |text| output(OutputLine { text, stderr: true }))
                     }
-                    ProcessEvent::Data(ProcessOutput::Stderr(d)) => stderr.push(&d, true, output),
                     ProcessEvent::End(end) => {
-                        stdout.flush(false, output);
-                        stderr.flush(true, output);
+                        stdout.flush(&mut |text| {
+                            output(OutputLine {
+                                text,
+                                stderr: false,
+                            })
+                        });
+                        stderr.flush(&mut |text| output(OutputLine { text, stderr: true }));
                         return match end.error {
                             Some(error) if !end.exited => Err(error),
                             _ => Ok(end.exit_code),
@@ -194,32 +231,5 @@ impl HttpAgentClient {
             }
         }
         Err("the output stream ended before the command did".into())
-    }
-}
-
-/// Output bytes cut into lines.
-#[derive(Default)]
-struct Lines(Vec<u8>);
-
-impl Lines {
-    fn push(&mut self, data: &[u8], stderr: bool, output: &mut (dyn FnMut(OutputLine) + Send)) {
-        for &byte in data {
-            if byte == b'\n' || self.0.len() >= MAX_LINE {
-                self.flush(stderr, output);
-            }
-            if byte != b'\n' {
-                self.0.push(byte);
-            }
-        }
-    }
-
-    fn flush(&mut self, stderr: bool, output: &mut (dyn FnMut(OutputLine) + Send)) {
-        if !self.0.is_empty() {
-            let text = String::from_utf8_lossy(&self.0)
-                .trim_end_matches('\r')
-                .to_owned();
-            output(OutputLine { text, stderr });
-            self.0.clear();
-        }
     }
 }

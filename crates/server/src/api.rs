@@ -47,6 +47,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/templates/{id}", delete(delete_template))
         .merge(crate::templates_api::routes())
         .merge(crate::metrics_api::routes())
+        .merge(crate::logs_api::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
 }
 

@@ -10,6 +10,7 @@ pub mod dockerfile;
 pub mod dockerfile_build;
 pub mod error;
 pub mod listen;
+pub mod logs_api;
 pub mod metrics_api;
 pub mod proxy;
 pub mod serve;

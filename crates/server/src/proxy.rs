@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 pub type HttpClient = hyper_util::client::legacy::Client<HttpConnector, Body>;
 
 /// Agent routes only the server may call; the proxy never forwards them.
-const INTERNAL_PATHS: &[&str] = &["/init"];
+const INTERNAL_PATHS: &[&str] = &["/init", airlock_wire::logs::LOGS_PATH];
 
 pub fn http_client() -> HttpClient {
     let mut connector = HttpConnector::new();

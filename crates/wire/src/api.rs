@@ -228,6 +228,37 @@ pub struct SandboxesWithMetrics {
     pub sandboxes: BTreeMap<String, SandboxMetric>,
 }
 
+/// One entry of a sandbox's log, as E2B's API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxLogEntry {
+    /// RFC 3339, in milliseconds.
+    pub timestamp: String,
+    pub level: crate::logs::LogLevel,
+    pub message: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+/// `GET /v2/sandboxes/{id}/logs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxLogsV2 {
+    pub logs: Vec<SandboxLogEntry>,
+}
+
+/// A line of `GET /sandboxes/{id}/logs` (E2B's first version).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxLogLine {
+    pub timestamp: String,
+    pub line: String,
+}
+
+/// `GET /sandboxes/{id}/logs`: each entry both as a line and structured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLogsV1 {
+    pub logs: Vec<SandboxLogLine>,
+    pub log_entries: Vec<SandboxLogEntry>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@ pub mod connect;
 pub mod egress;
 pub mod envd;
 pub mod json;
+pub mod logs;
 pub mod signed_url;
 pub mod templates;
 

@@ -119,6 +119,7 @@ impl Builder {
                         cwd: progress.context.workdir.clone(),
                         envs: progress.context.env.clone(),
                         timeout: self.step_timeout,
+                        logged: false,
                     };
                     (run, None, "")
                 }
@@ -312,6 +313,7 @@ impl Builder {
             cwd: Some("/".into()),
             envs: Default::default(),
             timeout: self.step_timeout,
+            logged: false,
         }
     }
 

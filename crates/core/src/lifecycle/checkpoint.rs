@@ -43,6 +43,15 @@ impl Lifecycle {
         sandbox.cut_streams();
         let record = sandbox.record();
         let image = paused_image(&record.id);
+        // Read now: once paused, the agent that holds the log is on disk.
+        let log = self
+            .agent
+            .logs(placement.agent, sandbox.access_token().as_deref())
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(sandbox = %record.id, error = %e, "reading its log before pausing failed");
+                Vec::new()
+            });
         let back = |e: LifecycleError| {
             sandbox.set_phase(Phase::Running, Some(placement));
             Err(e)
@@ -65,6 +74,7 @@ impl Lifecycle {
         // Waited for, not backgrounded: a resume right after must find the id free.
         self.release(record.id.clone(), placement.slot).await;
         sandbox.set_phase(Phase::Paused, None);
+        sandbox.keep_paused_log(log);
         tracing::info!(sandbox = %record.id, "paused");
         Ok(())
     }

@@ -42,6 +42,7 @@ use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::{SandboxRecord, Store, StoreError};
 use airlock_wire::envd::InitRequest;
+use airlock_wire::logs::LogEntry;
 use pools::Pools;
 use registry::Registry;
 use std::collections::BTreeMap;
@@ -77,6 +78,8 @@ pub trait AgentClient: Send + Sync + 'static {
         command: &AgentCommand,
         output: &mut (dyn FnMut(OutputLine) + Send),
     ) -> Result<i32, String>;
+    /// The sandbox's whole log as the agent at `addr` holds it, oldest first.
+    async fn logs(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Vec<LogEntry>, String>;
 }
 
 /// A command for [`AgentClient::run`].
@@ -88,6 +91,8 @@ pub struct AgentCommand {
     pub cwd: Option<String>,
     pub envs: BTreeMap<String, String>,
     pub timeout: Duration,
+    /// The agent keeps its output in the sandbox's log (a template's start command).
+    pub logged: bool,
 }
 
 /// What an [`AgentCommand`] runs.
@@ -340,6 +345,21 @@ impl Lifecycle {
                 }
                 _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
             }
+        }
+    }
+
+    /// A sandbox's log, oldest first: from its agent while it runs, as it was at the pause
+    /// while it is paused.
+    pub async fn logs(&self, id: &str) -> Result<Arc<[LogEntry]>, LifecycleError> {
+        let sandbox = self.find(id)?;
+        match sandbox.agent() {
+            Some(addr) => self
+                .agent
+                .logs(addr, sandbox.access_token().as_deref())
+                .await
+                .map(Into::into)
+                .map_err(|e| LifecycleError::Agent(format!("reading the sandbox's log: {e}"))),
+            None => Ok(sandbox.paused_log()),
         }
     }
 

@@ -19,6 +19,7 @@
 use crate::driver::Placement;
 use crate::ids::SandboxId;
 use crate::store::{SandboxRecord, SandboxState};
+use airlock_wire::logs::LogEntry;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,6 +89,8 @@ struct State {
     /// Fired when it stops running here (killed, paused, or saved for a snapshot), so open
     /// proxied streams are cut; replaced each time it runs again.
     stopped: CancellationToken,
+    /// Its log as it was when it was paused (its agent, which holds it, is then on disk).
+    paused_log: Arc<[LogEntry]>,
 }
 
 /// How long a verb waits for another one on the same sandbox.
@@ -109,6 +112,7 @@ impl Sandbox {
                 record: Arc::new(record),
                 placement,
                 stopped: CancellationToken::new(),
+                paused_log: Arc::new([]),
             }),
             changed: Notify::new(),
         })
@@ -149,6 +153,16 @@ impl Sandbox {
         self.placement().map(|p| p.agent)
     }
 
+    /// Its log as it was when it was paused; empty unless it is paused, or if the server has
+    /// restarted since.
+    pub fn paused_log(&self) -> Arc<[LogEntry]> {
+        self.state().paused_log.clone()
+    }
+
+    pub(super) fn keep_paused_log(&self, log: Vec<LogEntry>) {
+        self.state().paused_log = log.into();
+    }
+
     /// Resolves when it stops running here (killed, paused or saved), as it runs now.
     pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
         self.state().stopped.clone().cancelled_owned()
@@ -177,6 +191,7 @@ impl Sandbox {
             match placement {
                 Some(_) if !running_before || state.stopped.is_cancelled() => {
                     state.stopped = CancellationToken::new();
+                    state.paused_log = Arc::new([]);
                 }
                 Some(_) => {}
                 None => state.stopped.cancel(),

@@ -33,12 +33,13 @@ impl Lifecycle {
         };
         let within = self.limits.ready_timeout;
         let deadline = Instant::now() + within;
-        let command = |shell: &str, timeout: Duration| AgentCommand {
+        let command = |shell: &str, timeout: Duration, logged: bool| AgentCommand {
             program: Program::Shell(shell.to_owned()),
             user: defaults.user.clone(),
             cwd: defaults.workdir.clone(),
             envs: defaults.env.clone(),
             timeout,
+            logged,
         };
         let mut tail = VecDeque::with_capacity(TAIL_LINES);
         let mut last_ready = None;
@@ -55,7 +56,7 @@ impl Lifecycle {
                     Some(start) => {
                         let outlive = within * 2;
                         self.agent
-                            .run(addr, &command(start, outlive), &mut keep)
+                            .run(addr, &command(start, outlive, true), &mut keep)
                             .await
                     }
                     None => std::future::pending().await,
@@ -71,7 +72,7 @@ impl Lifecycle {
                 let probe = async {
                     let code = self
                         .agent
-                        .run(addr, &command(ready, left), &mut |_| {})
+                        .run(addr, &command(ready, left, false), &mut |_| {})
                         .await;
                     if code != Ok(0) {
                         tokio::time::sleep(READY_INTERVAL).await;

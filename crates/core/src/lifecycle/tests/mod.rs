@@ -3,6 +3,7 @@
 use super::*;
 use crate::driver::{LaunchSpec, Placement};
 use crate::store::{SandboxState, TemplateDefaults, TemplateRecord};
+use airlock_wire::logs::LogLevel;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
@@ -171,6 +172,14 @@ impl AgentClient for TestAgent {
         _: &mut (dyn FnMut(OutputLine) + Send),
     ) -> Result<i32, String> {
         Ok(0)
+    }
+    async fn logs(&self, _: Ipv4Addr, _: Option<&str>) -> Result<Vec<LogEntry>, String> {
+        Ok(vec![LogEntry {
+            at_ms: 1,
+            level: LogLevel::Info,
+            message: "agent started".into(),
+            fields: Default::default(),
+        }])
     }
 }
 
