@@ -11,6 +11,7 @@
 
 use crate::auth;
 use crate::fs::ensure_dirs;
+use crate::metadata::{self, Metadata};
 use crate::rpc::RpcError;
 use crate::state::AgentState;
 use crate::users::User;
@@ -463,6 +464,8 @@ async fn receive(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
 
+    let metadata = metadata::from_headers(headers).map_err(FilesError::bad_request)?;
+
     let raw = StreamReader::new(data.map_err(io::Error::other));
     let reader: UploadReader<'_> = if gzip {
         let mut decoder = GzipDecoder::new(raw);
@@ -479,12 +482,12 @@ async fn receive(
             ));
         };
         let dest = user.resolve(path)?;
-        write_file(&dest, reader, user, size_hint).await?;
+        write_file(&dest, reader, user, size_hint, &metadata).await?;
         vec![uploaded_entry(&dest)]
     } else if media_type.starts_with("multipart/") {
         let boundary = multer::parse_boundary(content_type)
             .map_err(|e| FilesError::bad_request(format!("invalid multipart request: {e}")))?;
-        receive_parts(reader, boundary, query, user, size_hint).await?
+        receive_parts(reader, boundary, query, user, size_hint, &metadata).await?
     } else {
         return Err(FilesError::bad_request(format!(
             "unsupported content type: {content_type}, expected multipart/form-data or application/octet-stream"
@@ -501,6 +504,7 @@ async fn receive_parts(
     query: &FilesQuery,
     user: &User,
     size_hint: Option<u64>,
+    metadata: &Metadata,
 ) -> Result<Vec<UploadedEntry>, FilesError> {
     let mut multipart = multer::Multipart::new(ReaderStream::new(reader), boundary);
     let mut uploaded = Vec::new();
@@ -519,7 +523,7 @@ async fn receive_parts(
         let dest = user.resolve(&target)?;
         ensure_new_destination(&uploaded, &dest)?;
         let data = StreamReader::new(field.map_err(io::Error::other));
-        write_file(&dest, data, user, size_hint).await?;
+        write_file(&dest, data, user, size_hint, metadata).await?;
         uploaded.push(uploaded_entry(&dest));
     }
     Ok(uploaded)
@@ -544,16 +548,20 @@ fn uploaded_entry(dest: &Path) -> UploadedEntry {
             .unwrap_or_default(),
         kind: "file".into(),
         path: dest.to_string_lossy().into_owned(),
+        // Read back, so the answer never claims what the filesystem did not keep.
+        metadata: metadata::read(dest),
     }
 }
 
-/// Streams `data` into `dest`, creating it (0644) or truncating it, owned by `user`; parent
-/// directories are created for the user. Removes the file again if the upload fails.
+/// Streams `data` into `dest`, creating it (0644) or truncating it, owned by `user`, with
+/// `metadata` as its whole metadata; parent directories are created for the user. Removes the
+/// file again if the upload fails.
 async fn write_file<R: AsyncRead + Unpin>(
     dest: &Path,
     mut data: R,
     user: &User,
     size_hint: Option<u64>,
+    metadata: &Metadata,
 ) -> Result<(), FilesError> {
     let (uid, gid) = (user.uid, user.gid);
     let target = dest.to_path_buf();
@@ -599,6 +607,9 @@ async fn write_file<R: AsyncRead + Unpin>(
         Ok(()) => copy_into(&mut data, &mut file).await,
         Err(e) => Err(CopyError::Write(e)),
     };
+    let file = file.into_std().await;
+    let written =
+        written.and_then(|()| metadata::replace(&file, metadata).map_err(CopyError::Write));
     drop(file);
     let failure = match written {
         Ok(()) => return Ok(()),

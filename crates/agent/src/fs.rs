@@ -261,16 +261,26 @@ fn sorted_children(dir: &Path) -> io::Result<std::vec::IntoIter<PathBuf>> {
         .into_iter())
 }
 
+/// What envd 0.6 reports: for a symlink, its target's type and permission bits (unspecified
+/// when it dangles) with `is_symlink` set; the link's own permission string, size and owner.
 fn build_entry(path: &Path, md: &Metadata, names: &IdNames) -> EntryInfo {
     let ft = md.file_type();
-    let file_type = if ft.is_symlink() {
-        FileType::Symlink
-    } else if ft.is_dir() {
-        FileType::Directory
-    } else if ft.is_file() {
-        FileType::File
+    let kind = |ft: fs::FileType| {
+        if ft.is_dir() {
+            FileType::Directory
+        } else if ft.is_file() {
+            FileType::File
+        } else {
+            FileType::Unspecified
+        }
+    };
+    let (file_type, mode) = if ft.is_symlink() {
+        match fs::metadata(path) {
+            Ok(target) => (kind(target.file_type()), target.mode()),
+            Err(_) => (FileType::Unspecified, md.mode()),
+        }
     } else {
-        FileType::Unspecified
+        (kind(ft), md.mode())
     };
     let symlink_target = ft.is_symlink().then(|| {
         // envd reports the fully resolved target; a dangling link falls back to its raw text.
@@ -286,13 +296,8 @@ fn build_entry(path: &Path, md: &Metadata, names: &IdNames) -> EntryInfo {
             .unwrap_or_else(|| "/".into()),
         file_type,
         path: path.to_string_lossy().into_owned(),
-        // The SDK's tests expect directories to report size 0, whatever the filesystem says.
-        size: if ft.is_dir() {
-            0
-        } else {
-            i64::try_from(md.len()).unwrap_or(i64::MAX)
-        },
-        mode: md.mode() & 0o777,
+        size: i64::try_from(md.len()).unwrap_or(i64::MAX),
+        mode: mode & 0o777,
         permissions: go_mode_string(md.mode()),
         owner: names.user(md.uid()),
         group: names.group(md.gid()),
@@ -302,6 +307,8 @@ fn build_entry(path: &Path, md: &Metadata, names: &IdNames) -> EntryInfo {
         )
         .map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
         symlink_target,
+        metadata: crate::metadata::read(path),
+        is_symlink: ft.is_symlink(),
     }
 }
 
@@ -486,7 +493,8 @@ mod tests {
         assert!(entry.get("symlinkTarget").is_none());
 
         let (_, body) = call("Stat", json!({"path": format!("{base}/d/link")})).await;
-        assert_eq!(body["entry"]["type"], "FILE_TYPE_SYMLINK");
+        assert_eq!(body["entry"]["type"], "FILE_TYPE_FILE");
+        assert_eq!(body["entry"]["isSymlink"], true);
         assert_eq!(body["entry"]["permissions"], "Lrwxrwxrwx");
         assert_eq!(
             body["entry"]["symlinkTarget"],

@@ -12,6 +12,7 @@ pub mod fs;
 pub mod interpreter;
 pub mod layer;
 pub mod log;
+pub mod metadata;
 pub mod oom;
 pub mod process;
 pub mod provision;

@@ -220,6 +220,12 @@ pub struct EntryInfo {
     pub modified_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// The file's `user.e2b.*` extended attributes, without the prefix.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// The entry is a symlink; `file_type` is then its target's.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub is_symlink: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -345,6 +351,8 @@ pub struct UploadedEntry {
     #[serde(rename = "type")]
     pub kind: String,
     pub path: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub mod templates;
 
 /// The envd version the agent reports. The SDK gates features on it (protocol doc §3.8); this is
 /// the highest version whose features the agent implements.
-pub const ENVD_VERSION: &str = "0.5.7";
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// Port of the in-sandbox agent (envd protocol).
 pub const ENVD_PORT: u16 = 49983;
