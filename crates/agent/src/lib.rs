@@ -17,6 +17,7 @@ pub mod oom;
 pub mod process;
 pub mod provision;
 pub mod reaper;
+pub mod reboot;
 pub mod rlimits;
 pub mod rpc;
 pub mod state;

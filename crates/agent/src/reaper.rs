@@ -47,17 +47,22 @@ pub fn reap() {
     }
 }
 
+/// Every pid in the sandbox.
+pub fn pids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
 /// Every pid in the sandbox, and those of them that are zombie children of the agent.
 fn scan() -> (HashSet<i32>, HashSet<i32>) {
     let mut alive = HashSet::new();
     let mut zombies = HashSet::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return (alive, zombies);
-    };
-    for pid in entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-    {
+    for pid in pids() {
         alive.insert(pid);
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         if zombie_child_of_init(&stat) {
@@ -67,13 +72,23 @@ fn scan() -> (HashSet<i32>, HashSet<i32>) {
     (alive, zombies)
 }
 
-/// Reads `/proc/{pid}/stat`: `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+/// Whether `pid` has ended and waits to be reaped (or is gone already).
+pub fn has_ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => state_and_parent(&stat).is_some_and(|(state, _)| state == "Z"),
+        Err(_) => true,
+    }
+}
+
 fn zombie_child_of_init(stat: &str) -> bool {
-    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-        return false;
-    };
+    state_and_parent(stat) == Some(("Z", "1"))
+}
+
+/// Reads `/proc/{pid}/stat`: `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+fn state_and_parent(stat: &str) -> Option<(&str, &str)> {
+    let (_, rest) = stat.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
-    matches!((fields.next(), fields.next()), (Some("Z"), Some("1")))
+    Some((fields.next()?, fields.next()?))
 }
 
 #[cfg(test)]

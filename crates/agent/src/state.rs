@@ -45,6 +45,8 @@ pub struct Agent {
     /// The identity generation: bumped by each hostname change (a restored copy becoming
     /// itself). Watched by the interpreter, which reseeds its kernels at once.
     identity: tokio::sync::watch::Sender<u64>,
+    /// Bumped by each reboot: the interpreter then drops its contexts.
+    reboots: tokio::sync::watch::Sender<u64>,
 }
 
 pub type AgentState = Arc<Agent>;
@@ -57,6 +59,7 @@ impl Agent {
             watchers: WatcherTable::default(),
             log: SandboxLog::default(),
             identity: tokio::sync::watch::Sender::new(0),
+            reboots: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -68,6 +71,17 @@ impl Agent {
     /// Changes of [`Agent::identity`].
     pub fn watch_identity(&self) -> tokio::sync::watch::Receiver<u64> {
         self.identity.subscribe()
+    }
+
+    /// Reboots (see `reboot`), as they happen.
+    pub fn watch_reboots(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reboots.subscribe()
+    }
+
+    /// Forgets what the agent kept for the sandbox's processes, once they have all ended.
+    pub fn forget_sessions(&self) {
+        self.watchers.clear();
+        self.reboots.send_modify(|count| *count += 1);
     }
 
     pub fn config(&self) -> SandboxConfig {

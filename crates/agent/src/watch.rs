@@ -74,6 +74,13 @@ pub struct WatcherTable {
 }
 
 impl WatcherTable {
+    pub fn clear(&self) {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     fn get(&self, id: &str) -> Result<Arc<PollingWatcher>, RpcError> {
         self.watchers
             .lock()

@@ -49,6 +49,33 @@ impl SandboxState {
     }
 }
 
+/// What a pause saves (E2B's pause `memory` flag and `pauseMode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Memory, processes and files: a resume goes on where it left off.
+    #[default]
+    Full,
+    /// Files only: the sandbox's processes end first, and a resume starts it afresh on them.
+    Filesystem,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Full => "full",
+            PauseMode::Filesystem => "filesystem",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "full" => Some(PauseMode::Full),
+            "filesystem" => Some(PauseMode::Filesystem),
+            _ => None,
+        }
+    }
+}
+
 /// A sandbox as recorded; enough to adopt or resume it after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRecord {
@@ -71,6 +98,10 @@ pub struct SandboxRecord {
     pub resources: Resources,
     /// Pause instead of kill when the timeout passes (E2B's `lifecycle.onTimeout = "pause"`).
     pub pause_on_timeout: bool,
+    /// How that pause pauses (E2B's `autoPauseMemory`).
+    pub timeout_pause: PauseMode,
+    /// What its latest pause saved, while it is paused.
+    pub pause_mode: Option<PauseMode>,
     /// Resume on connect-style traffic (E2B's `autoResume`); recorded and reported.
     pub auto_resume: bool,
     /// Id of the API key that created it; only that key sees it. `None` for sandboxes from
@@ -263,6 +294,8 @@ impl Store {
             ("api_keys", "max_paused INTEGER"),
             ("api_keys", "max_snapshot_mb INTEGER"),
             ("snapshots", "size_bytes INTEGER NOT NULL DEFAULT 0"),
+            ("sandboxes", "timeout_pause TEXT NOT NULL DEFAULT 'full'"),
+            ("sandboxes", "pause_mode TEXT"),
             ("templates", "layers TEXT NOT NULL DEFAULT '[]'"),
             ("templates", "defaults TEXT"),
             ("template_builds", "tags TEXT NOT NULL DEFAULT '[]'"),
@@ -285,9 +318,10 @@ impl Store {
         self.conn().execute(
             "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
              env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
-             auto_resume, owner, egress, traffic_access_token, require_traffic_token)
+             auto_resume, owner, egress, traffic_access_token, require_traffic_token,
+             timeout_pause, pause_mode)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-             ?18, ?19)",
+             ?18, ?19, ?20, ?21)",
             params![
                 r.id.as_str(),
                 r.template.as_str(),
@@ -308,22 +342,32 @@ impl Store {
                 serde_json::to_string(&r.egress).expect("policy serializes"),
                 r.traffic_access_token,
                 r.require_traffic_token,
+                r.timeout_pause.as_str(),
+                r.pause_mode.map(PauseMode::as_str),
             ],
         )?;
         Ok(())
     }
 
-    /// Records a pause (no slot) or a resume (a slot and a new deadline).
+    /// Records a pause (no slot, and what it saved) or a resume (a slot and a new deadline).
     pub fn set_state(
         &self,
         id: &SandboxId,
         state: SandboxState,
         slot: Option<u32>,
         end_at: i64,
+        pause_mode: Option<PauseMode>,
     ) -> Result<(), StoreError> {
         self.conn().execute(
-            "UPDATE sandboxes SET state = ?2, slot = ?3, end_at = ?4 WHERE id = ?1",
-            params![id.as_str(), state.as_str(), slot, end_at],
+            "UPDATE sandboxes SET state = ?2, slot = ?3, end_at = ?4, pause_mode = ?5
+             WHERE id = ?1",
+            params![
+                id.as_str(),
+                state.as_str(),
+                slot,
+                end_at,
+                pause_mode.map(PauseMode::as_str)
+            ],
         )?;
         Ok(())
     }
@@ -365,8 +409,8 @@ impl Store {
         let mut stmt = conn.prepare(
             "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
              started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume,
-             owner, egress, traffic_access_token, require_traffic_token FROM sandboxes
-             ORDER BY started_at, id",
+             owner, egress, traffic_access_token, require_traffic_token, timeout_pause,
+             pause_mode FROM sandboxes ORDER BY started_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -399,6 +443,15 @@ impl Store {
                         .map_err(|_| StoreError::Corrupt(id.clone()))?,
                     traffic_access_token: row.get(17)?,
                     require_traffic_token: row.get(18)?,
+                    timeout_pause: PauseMode::parse(&text(19)?)
+                        .ok_or_else(|| StoreError::Corrupt(id.clone()))?,
+                    pause_mode: match row.get::<_, Option<String>>(20)? {
+                        Some(mode) => Some(
+                            PauseMode::parse(&mode)
+                                .ok_or_else(|| StoreError::Corrupt(id.clone()))?,
+                        ),
+                        None => None,
+                    },
                 })
             })())
         })?;
@@ -765,6 +818,8 @@ mod tests {
                 disk_mb: 5120,
             },
             pause_on_timeout: true,
+            timeout_pause: PauseMode::Filesystem,
+            pause_mode: None,
             auto_resume: false,
             owner: Some("k1".into()),
             egress: Egress::from_request(Some(false), &["1.1.1.1".into()], &[]).unwrap(),
@@ -799,7 +854,13 @@ mod tests {
 
         // Paused sandboxes hold no slot, so several can coexist.
         store
-            .set_state(&all[1].id, SandboxState::Paused, None, 0)
+            .set_state(
+                &all[1].id,
+                SandboxState::Paused,
+                None,
+                0,
+                Some(PauseMode::Filesystem),
+            )
             .unwrap();
         let mut c = record("c3", 0);
         c.state = SandboxState::Paused;
@@ -809,6 +870,8 @@ mod tests {
         assert!(paused
             .iter()
             .all(|r| r.state == SandboxState::Paused && r.slot.is_none()));
+        let modes: Vec<_> = paused.iter().map(|r| r.pause_mode).collect();
+        assert_eq!(modes, [Some(PauseMode::Filesystem), None]);
     }
 
     #[test]

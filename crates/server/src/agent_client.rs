@@ -5,8 +5,10 @@ use airlock_core::lifecycle::{AgentClient, AgentCommand, OutputLine, Program};
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
 use airlock_wire::logs::{LineBuffer, LogEntry, LOGS_PATH, START_CMD_TAG};
-use airlock_wire::{ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT};
+use airlock_wire::{ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT, REBOOT_PATH};
 use axum::body::Body;
+use axum::body::Bytes;
+use axum::http::Method;
 use base64::Engine;
 use http_body_util::BodyExt;
 use std::net::Ipv4Addr;
@@ -118,12 +120,45 @@ impl AgentClient for HttpAgentClient {
     }
 
     async fn logs(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Vec<LogEntry>, String> {
-        let mut req = hyper::Request::get(format!("http://{addr}:{ENVD_PORT}{LOGS_PATH}"));
+        let body = self
+            .internal(Method::GET, addr, LOGS_PATH, token, Duration::from_secs(5))
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| e.to_string())
+    }
+
+    async fn reboot(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<(), String> {
+        // The agent gives stuck processes 10 s to end.
+        self.internal(
+            Method::POST,
+            addr,
+            REBOOT_PATH,
+            token,
+            Duration::from_secs(15),
+        )
+        .await
+        .map(drop)
+    }
+}
+
+impl HttpAgentClient {
+    /// One of the agent's routes for the server only, with the sandbox's access token; its
+    /// body, if it answered with success within `within`.
+    async fn internal(
+        &self,
+        method: Method,
+        addr: Ipv4Addr,
+        path: &str,
+        token: Option<&str>,
+        within: Duration,
+    ) -> Result<Bytes, String> {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}:{ENVD_PORT}{path}"));
         if let Some(token) = token {
             req = req.header(ACCESS_TOKEN_HEADER, token);
         }
         let req = req.body(Body::empty()).map_err(|e| e.to_string())?;
-        let read = async {
+        let answer = async {
             let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
             let status = resp.status();
             let body = resp
@@ -131,18 +166,20 @@ impl AgentClient for HttpAgentClient {
                 .collect()
                 .await
                 .map_err(|e| e.to_string())?;
+            let body = body.to_bytes();
             if !status.is_success() {
-                return Err(format!("the agent answered {status}"));
+                return Err(format!(
+                    "the agent answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                ));
             }
-            serde_json::from_slice(&body.to_bytes()).map_err(|e| e.to_string())
+            Ok(body)
         };
-        tokio::time::timeout(Duration::from_secs(5), read)
+        tokio::time::timeout(within, answer)
             .await
             .map_err(|_| "no answer in time".to_string())?
     }
-}
 
-impl HttpAgentClient {
     /// `process.Process/Start`, as the SDK calls it, read to its end event.
     async fn stream(
         &self,
@@ -166,10 +203,15 @@ impl HttpAgentClient {
             message["tag"] = START_CMD_TAG.into();
         }
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
-        let req = hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/process.Process/Start"))
-            .header("content-type", connect::STREAM_CONTENT_TYPE)
-            .header("connect-protocol-version", "1")
-            .header("authorization", format!("Basic {basic}"))
+        let mut req =
+            hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/process.Process/Start"))
+                .header("content-type", connect::STREAM_CONTENT_TYPE)
+                .header("connect-protocol-version", "1")
+                .header("authorization", format!("Basic {basic}"));
+        if let Some(token) = &command.access_token {
+            req = req.header(ACCESS_TOKEN_HEADER, token.as_ref());
+        }
+        let req = req
             .body(Body::from(connect::encode_message(&message)))
             .map_err(|e| e.to_string())?;
         let resp = self.http.request(req).await.map_err(|e| e.to_string())?;

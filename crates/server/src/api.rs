@@ -4,10 +4,13 @@ use crate::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::egress::Egress;
 use airlock_core::lifecycle::{CreateParams, LifecycleError};
-use airlock_core::store::{SandboxRecord, SandboxState as StoredState, SnapshotRecord, Store};
+use airlock_core::store::{
+    PauseMode, SandboxRecord, SandboxState as StoredState, SnapshotRecord, Store,
+};
 use airlock_wire::api::{
-    ErrorBody, ForkRequest, ForkResult, NetworkConfig, NetworkUpdate, NewSandbox, Sandbox,
-    SandboxDetail, SandboxLifecycle, SandboxState, SnapshotInfo, SnapshotRequest, TimeoutBody,
+    ErrorBody, ForkRequest, ForkResult, NetworkConfig, NetworkUpdate, NewSandbox, PauseBody,
+    Sandbox, SandboxDetail, SandboxLifecycle, SandboxState, SnapshotInfo, SnapshotRequest,
+    TimeoutBody,
 };
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Extension, FromRequestParts, Path, Query, Request, State};
@@ -164,6 +167,18 @@ async fn create(
     let network = body.network.unwrap_or_default();
     let egress = egress(body.allow_internet_access, &network)?;
     let allow_public_traffic = network.allow_public_traffic.unwrap_or(true);
+    let auto_resume = body.auto_resume.is_some_and(|a| a.enabled);
+    let timeout_pause = match body.auto_pause_memory {
+        Some(false) => PauseMode::Filesystem,
+        _ => PauseMode::Full,
+    };
+    if auto_resume && timeout_pause == PauseMode::Filesystem {
+        return Err(ApiError::bad_request(
+            "autoResume cannot be combined with autoPauseMemory: false: a sandbox paused \
+             without its memory starts afresh, so traffic cannot wake it where it left off; \
+             resume it with connect",
+        ));
+    }
     let sandbox = state
         .lifecycle
         .create(CreateParams {
@@ -173,7 +188,8 @@ async fn create(
             env_vars,
             secure,
             pause_on_timeout: body.auto_pause.unwrap_or(false),
-            auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
+            timeout_pause,
+            auto_resume,
             owner: Some(caller.0),
             cpu_count: body.cpu_count,
             memory_mb: body.memory_mb,
@@ -265,6 +281,7 @@ fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> Sandbox
             on_timeout: if r.pause_on_timeout { "pause" } else { "kill" }.into(),
         }),
         network: Some(network_body(r)),
+        pause_mode: r.pause_mode.map(|m| m.as_str().to_owned()),
     }
 }
 
@@ -337,6 +354,14 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// How a resume brings a paused sandbox back: `memory: false` asks for a reboot.
+fn resume_mode(body: &TimeoutBody) -> PauseMode {
+    match body.memory {
+        Some(false) => PauseMode::Filesystem,
+        _ => PauseMode::Full,
+    }
+}
+
 /// Connect: a running sandbox gets its timeout extended if one is given (200); a paused one is
 /// resumed (201).
 async fn connect(
@@ -346,7 +371,11 @@ async fn connect(
 ) -> Result<Response, ApiError> {
     let (sandbox, resumed) = state
         .lifecycle
-        .connect(&id, body.timeout.map(Duration::from_secs))
+        .connect(
+            &id,
+            body.timeout.map(Duration::from_secs),
+            resume_mode(&body),
+        )
         .await?;
     let status = if resumed {
         StatusCode::CREATED
@@ -356,12 +385,19 @@ async fn connect(
     Ok((status, Json(sandbox_body(&state, &sandbox.record()))).into_response())
 }
 
-/// The body is optional (`{}` or E2B's `{"memory": false, ...}`); every pause keeps memory.
+/// The body is optional: `{"memory": false}` keeps the files only; `requireHealthyGuest`
+/// refuses to pause a sandbox whose agent does not answer.
 async fn pause(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
+    JsonBody(body): JsonBody<PauseBody>,
 ) -> Result<StatusCode, ApiError> {
-    state.lifecycle.pause(&id).await?;
+    let mode = match body.memory {
+        Some(false) => PauseMode::Filesystem,
+        _ => PauseMode::Full,
+    };
+    let healthy_guest = body.require_healthy_guest.unwrap_or(false);
+    state.lifecycle.pause(&id, mode, healthy_guest).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -372,7 +408,11 @@ async fn resume(
 ) -> Result<Response, ApiError> {
     let sandbox = state
         .lifecycle
-        .resume(&id, body.timeout.map(Duration::from_secs))
+        .resume(
+            &id,
+            body.timeout.map(Duration::from_secs),
+            resume_mode(&body),
+        )
         .await?;
     Ok((
         StatusCode::CREATED,

@@ -71,6 +71,7 @@ impl From<LifecycleError> for ApiError {
             | LifecycleError::AlreadyRunning(_)
             | LifecycleError::Busy(_) => StatusCode::CONFLICT,
             // Says what is full and how much is needed; nothing in it is secret.
+            LifecycleError::GuestUnresponsive(_) => StatusCode::SERVICE_UNAVAILABLE,
             LifecycleError::NoSpace(_) => {
                 tracing::warn!(error = %err, "checkpoint refused");
                 return ApiError::new(StatusCode::INSUFFICIENT_STORAGE, err.to_string());

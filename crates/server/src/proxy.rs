@@ -31,7 +31,11 @@ use std::task::{Context, Poll};
 pub type HttpClient = hyper_util::client::legacy::Client<HttpConnector, Body>;
 
 /// Agent routes only the server may call; the proxy never forwards them.
-const INTERNAL_PATHS: &[&str] = &["/init", airlock_wire::logs::LOGS_PATH];
+const INTERNAL_PATHS: &[&str] = &[
+    "/init",
+    airlock_wire::logs::LOGS_PATH,
+    airlock_wire::REBOOT_PATH,
+];
 
 pub fn http_client() -> HttpClient {
     let mut connector = HttpConnector::new();

@@ -24,6 +24,9 @@ pub struct NewSandbox {
     /// `lifecycle.onTimeout = "pause"`: pause instead of kill when the timeout passes.
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    /// `false`: that pause keeps the files only (`lifecycle.onTimeout.mode = "filesystem"`).
+    #[serde(default)]
+    pub auto_pause_memory: Option<bool>,
     #[serde(default)]
     pub auto_resume: Option<AutoResume>,
     #[serde(default, rename = "allow_internet_access")]
@@ -111,11 +114,28 @@ pub enum ForkResult {
     Error(ErrorBody),
 }
 
-/// `POST /v2/sandboxes/{id}/connect` and `POST /sandboxes/{id}/timeout` bodies.
+/// `POST /v2/sandboxes/{id}/connect`, `POST /sandboxes/{id}/resume` and
+/// `POST /sandboxes/{id}/timeout` bodies.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct TimeoutBody {
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// `false` (`on_resume="reboot"`): a paused sandbox starts afresh on its files instead of
+    /// going on where it left off.
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause` (optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseBody {
+    /// `false`: keep the files only; the sandbox's processes end first.
+    #[serde(default)]
+    pub memory: Option<bool>,
+    /// Refuse the pause (503) when the sandbox's agent does not answer.
+    #[serde(default)]
+    pub require_healthy_guest: Option<bool>,
 }
 
 /// Response of create and connect.
@@ -176,6 +196,9 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<SandboxLifecycle>,
+    /// What a paused sandbox's pause saved: `full` or `filesystem`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
 }

@@ -36,3 +36,6 @@ pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 /// Header carrying the sandbox's envd access token.
 pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The agent's route that ends every process of its sandbox but itself (a reboot that keeps the
+/// files); for the server only (the proxy refuses it).
+pub const REBOOT_PATH: &str = "/airlock/reboot";

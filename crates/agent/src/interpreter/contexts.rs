@@ -323,6 +323,11 @@ impl Interpreter {
         }
     }
 
+    /// Drops every context, as a fresh server has none (their kernels have ended).
+    pub fn forget_contexts(&self) {
+        *self.registry() = Registry::default();
+    }
+
     pub fn get(&self, id: &str) -> Option<Arc<Context>> {
         self.registry()
             .contexts

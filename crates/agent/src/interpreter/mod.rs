@@ -51,6 +51,7 @@ pub async fn start(agent: AgentState) {
         }
     };
     let mut identity = agent.watch_identity();
+    let mut reboots = agent.watch_reboots();
     let interpreter = contexts::Interpreter::new(agent, specs);
     interpreter.start_defaults();
     let reseeding = interpreter.clone();
@@ -58,6 +59,13 @@ pub async fn start(agent: AgentState) {
         while identity.changed().await.is_ok() {
             let generation = *identity.borrow_and_update();
             reseeding.reseed_all(generation).await;
+        }
+    });
+    let rebooting = interpreter.clone();
+    tokio::spawn(async move {
+        while reboots.changed().await.is_ok() {
+            rebooting.forget_contexts();
+            rebooting.start_defaults();
         }
     });
     tokio::spawn(async move {

@@ -120,6 +120,7 @@ impl Builder {
                         envs: progress.context.env.clone(),
                         timeout: self.step_timeout,
                         logged: false,
+                        access_token: None,
                     };
                     (run, None, "")
                 }
@@ -314,6 +315,7 @@ impl Builder {
             envs: Default::default(),
             timeout: self.step_timeout,
             logged: false,
+            access_token: None,
         }
     }
 

@@ -7,7 +7,10 @@ use super::sandbox::{Phase, Sandbox};
 use super::{now_unix, paused_image, snapshot_image, CreateParams, Lifecycle, LifecycleError};
 use crate::driver::{DriverError, LaunchSpec, RootfsWrites};
 use crate::ids::{SandboxId, TemplateName};
-use crate::store::{SandboxState, SnapshotRecord};
+use crate::store::{PauseMode, SandboxState, SnapshotRecord};
+
+/// How long a pause that needs the sandbox's agent waits for it to answer.
+const GUEST_CHECK: Duration = Duration::from_secs(2);
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,42 +23,70 @@ pub(super) fn checkpoint_error(e: DriverError) -> LifecycleError {
 }
 
 impl Lifecycle {
-    /// Pauses a running sandbox: its memory, processes and files go to disk, and it stops
-    /// taking a slot. On failure (a full disk, say) it keeps running as it was.
-    pub async fn pause(&self, id: &str) -> Result<(), LifecycleError> {
+    /// Pauses a running sandbox, and it stops taking a slot. A full pause puts its memory,
+    /// processes and files on disk; a filesystem-only one ends its processes first (so little
+    /// but its files goes to disk), and its resume starts it afresh. With `healthy_guest`, or
+    /// for a filesystem-only pause, a sandbox whose agent does not answer is refused. On
+    /// failure (a full disk, say) it keeps running as it was, except that the processes a
+    /// filesystem-only pause ended stay ended.
+    pub async fn pause(
+        &self,
+        id: &str,
+        mode: PauseMode,
+        healthy_guest: bool,
+    ) -> Result<(), LifecycleError> {
         let sandbox = self.find(id)?;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
-        self.pause_locked(&sandbox).await
+        self.pause_locked(&sandbox, mode, healthy_guest).await
     }
 
     /// [`Lifecycle::pause`] of a sandbox whose verb lock the caller holds.
-    pub(super) async fn pause_locked(&self, sandbox: &Sandbox) -> Result<(), LifecycleError> {
+    pub(super) async fn pause_locked(
+        &self,
+        sandbox: &Sandbox,
+        mode: PauseMode,
+        healthy_guest: bool,
+    ) -> Result<(), LifecycleError> {
         let id = sandbox.id().as_str();
         let placement = match (sandbox.phase(), sandbox.placement()) {
             (Phase::Running, Some(placement)) => placement,
             (Phase::Paused, _) => return Err(LifecycleError::AlreadyPaused(id.to_owned())),
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         };
+        if healthy_guest || mode == PauseMode::Filesystem {
+            self.agent
+                .wait_ready(placement.agent, GUEST_CHECK)
+                .await
+                .map_err(|e| LifecycleError::GuestUnresponsive(format!("{e}; not paused")))?;
+        }
         let quota = self.quota(sandbox.owner())?;
         self.sandboxes.begin_pause(sandbox, &quota)?;
         sandbox.cut_streams();
         let record = sandbox.record();
         let image = paused_image(&record.id);
+        let back = |e: LifecycleError| {
+            sandbox.set_phase(Phase::Running, Some(placement));
+            Err(e)
+        };
+        let token = sandbox.access_token();
+        if mode == PauseMode::Filesystem {
+            if let Err(e) = self.agent.reboot(placement.agent, token.as_deref()).await {
+                return back(LifecycleError::GuestUnresponsive(format!(
+                    "ending its processes failed: {e}; not paused"
+                )));
+            }
+        }
         // Read now: once paused, the agent that holds the log is on disk.
         let log = self
             .agent
-            .logs(placement.agent, sandbox.access_token().as_deref())
+            .logs(placement.agent, token.as_deref())
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(sandbox = %record.id, error = %e, "reading its log before pausing failed");
                 Vec::new()
             });
-        let back = |e: LifecycleError| {
-            sandbox.set_phase(Phase::Running, Some(placement));
-            Err(e)
-        };
         if let Err(e) = self
             .driver
             .checkpoint(&record.id, placement.slot, &image)
@@ -64,26 +95,35 @@ impl Lifecycle {
             tracing::warn!(sandbox = %record.id, error = %e, "pause failed; sandbox keeps running");
             return back(checkpoint_error(e));
         }
-        let stored = self
-            .store
-            .set_state(&record.id, SandboxState::Paused, None, record.end_at);
+        let stored = self.store.set_state(
+            &record.id,
+            SandboxState::Paused,
+            None,
+            record.end_at,
+            Some(mode),
+        );
         if let Err(e) = stored {
             let _ = self.driver.delete_image(&image).await;
             return back(e.into());
         }
         // Waited for, not backgrounded: a resume right after must find the id free.
         self.release(record.id.clone(), placement.slot).await;
+        sandbox.update_record(|r| r.pause_mode = Some(mode));
         sandbox.set_phase(Phase::Paused, None);
         sandbox.keep_paused_log(log);
-        tracing::info!(sandbox = %record.id, "paused");
+        tracing::info!(sandbox = %record.id, mode = mode.as_str(), "paused");
         Ok(())
     }
 
-    /// Resumes a paused sandbox where it left off, with a new deadline `timeout` from now.
+    /// Resumes a paused sandbox with a new deadline `timeout` from now: where it left off, or,
+    /// when its pause kept its files only or `how` asks for a reboot (E2B's
+    /// `on_resume="reboot"`), afresh on its files, with its template's start command run again.
+    /// On failure it stays paused as it was.
     pub async fn resume(
         &self,
         id: &str,
         timeout: Option<Duration>,
+        how: PauseMode,
     ) -> Result<Arc<Sandbox>, LifecycleError> {
         let timeout = self.clamp_timeout(timeout)?;
         let sandbox = self.find(id)?;
@@ -115,26 +155,67 @@ impl Lifecycle {
                 return Err(e);
             }
         };
+        let saved = record.pause_mode.unwrap_or_default();
+        let rebooted = if saved == PauseMode::Filesystem || how == PauseMode::Filesystem {
+            self.reboot(&sandbox, placement.agent, saved).await
+        } else {
+            Ok(())
+        };
         let end_at = now_unix() + timeout.as_secs() as i64;
-        let stored = self.store.set_state(
-            &record.id,
-            SandboxState::Running,
-            Some(placement.slot),
-            end_at,
-        );
+        let stored = rebooted.and_then(|()| {
+            self.store
+                .set_state(
+                    &record.id,
+                    SandboxState::Running,
+                    Some(placement.slot),
+                    end_at,
+                    None,
+                )
+                .map_err(LifecycleError::from)
+        });
         if let Err(e) = stored {
+            tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
             self.release(record.id.clone(), placement.slot).await;
             sandbox.set_phase(Phase::Paused, None);
-            return Err(e.into());
+            return Err(e);
         }
         // The image is spent: the next pause writes a new one from the resumed state.
         if let Err(e) = self.driver.delete_image(&image).await {
             tracing::warn!(sandbox = %record.id, error = %e, "deleting the resumed image failed");
         }
-        sandbox.update_record(|r| r.end_at = end_at);
+        sandbox.update_record(|r| {
+            r.end_at = end_at;
+            r.pause_mode = None;
+        });
         sandbox.set_phase(Phase::Running, Some(placement));
         tracing::info!(sandbox = %record.id, "resumed");
         Ok(sandbox.clone())
+    }
+
+    /// Starts a restored sandbox afresh on its files: its processes end (a filesystem-only
+    /// pause `saved` has ended them already) and its template's start command runs again.
+    async fn reboot(
+        &self,
+        sandbox: &Sandbox,
+        addr: std::net::Ipv4Addr,
+        saved: PauseMode,
+    ) -> Result<(), LifecycleError> {
+        if saved == PauseMode::Full {
+            self.agent
+                .reboot(addr, sandbox.access_token().as_deref())
+                .await
+                .map_err(|e| {
+                    LifecycleError::GuestUnresponsive(format!("ending its processes: {e}"))
+                })?;
+        }
+        let record = sandbox.record();
+        let defaults = self
+            .store
+            .template(&record.template)?
+            .map(|t| t.defaults)
+            .unwrap_or_default();
+        self.run_start_command(addr, sandbox.access_token(), &defaults)
+            .await
     }
 
     /// `owner`'s snapshot called `name`; another key's snapshot is not found, exactly as one that
@@ -278,6 +359,7 @@ impl Lifecycle {
                     env_vars: source.env_vars.clone(),
                     secure: source.access_token.is_some(),
                     pause_on_timeout: source.pause_on_timeout,
+                    timeout_pause: source.timeout_pause,
                     auto_resume: source.auto_resume,
                     owner: source.owner.clone(),
                     cpu_count: Some(source.resources.cpu_count),

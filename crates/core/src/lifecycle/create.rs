@@ -148,7 +148,7 @@ impl Lifecycle {
             .await?;
         // Booted: the start command is not running yet, as it would be in a golden image.
         let addr = started.placement.agent;
-        if let Err(e) = self.run_start_command(addr, &template.defaults).await {
+        if let Err(e) = self.run_start_command(addr, None, &template.defaults).await {
             self.release(started.id, started.placement.slot).await;
             return Err(e);
         }
@@ -314,6 +314,8 @@ fn new_record(
         end_at: now + timeout.as_secs() as i64,
         resources,
         pause_on_timeout: params.pause_on_timeout,
+        timeout_pause: params.timeout_pause,
+        pause_mode: None,
         auto_resume: params.auto_resume,
         owner: params.owner,
         egress: params.egress,

@@ -4,6 +4,7 @@
 use super::sandbox::{Phase, Sandbox};
 use super::{now_unix, Lifecycle, LifecycleError};
 use crate::egress::Egress;
+use crate::store::PauseMode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +39,7 @@ impl Lifecycle {
         &self,
         id: &str,
         timeout: Option<Duration>,
+        how: PauseMode,
     ) -> Result<(Arc<Sandbox>, bool), LifecycleError> {
         let sandbox = self.find(id)?;
         if matches!(sandbox.phase(), Phase::Running | Phase::Snapshotting) {
@@ -49,7 +51,7 @@ impl Lifecycle {
             }
             return Ok((sandbox, false));
         }
-        Ok((self.resume(id, timeout).await?, true))
+        Ok((self.resume(id, timeout, how).await?, true))
     }
 
     /// Replaces a sandbox's outbound rules (at once if it runs, at its resume if it is paused)
@@ -114,7 +116,10 @@ impl Lifecycle {
         }
         if record.pause_on_timeout {
             tracing::info!(sandbox = %record.id, "timeout reached; pausing");
-            match self.pause_locked(sandbox).await {
+            match self
+                .pause_locked(sandbox, record.timeout_pause, false)
+                .await
+            {
                 Ok(()) => return,
                 Err(LifecycleError::NoSpace(why)) => {
                     tracing::warn!(sandbox = %record.id, why, retry_in = ?AUTO_PAUSE_RETRY, "no disk space to pause; the sandbox keeps running");

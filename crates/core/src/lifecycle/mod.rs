@@ -40,7 +40,7 @@ pub use sandbox::{Phase, Sandbox};
 use crate::driver::{Driver, DriverError, Resources};
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
-use crate::store::{SandboxRecord, Store, StoreError};
+use crate::store::{PauseMode, SandboxRecord, Store, StoreError};
 use airlock_wire::envd::InitRequest;
 use airlock_wire::logs::LogEntry;
 use pools::Pools;
@@ -80,6 +80,9 @@ pub trait AgentClient: Send + Sync + 'static {
     ) -> Result<i32, String>;
     /// The sandbox's whole log as the agent at `addr` holds it, oldest first.
     async fn logs(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Vec<LogEntry>, String>;
+    /// Ends every process of the sandbox but the agent, which forgets what it kept for them:
+    /// what is left is its files, as after a boot.
+    async fn reboot(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<(), String>;
 }
 
 /// A command for [`AgentClient::run`].
@@ -93,6 +96,8 @@ pub struct AgentCommand {
     pub timeout: Duration,
     /// The agent keeps its output in the sandbox's log (a template's start command).
     pub logged: bool,
+    /// The sandbox's access token, once it has one (a golden image's agent has none yet).
+    pub access_token: Option<Arc<str>>,
 }
 
 /// What an [`AgentCommand`] runs.
@@ -209,6 +214,10 @@ pub enum LifecycleError {
     Driver(#[source] DriverError),
     #[error("the sandbox's agent did not start: {0}")]
     Agent(String),
+    /// A running sandbox's agent does not answer (or failed what it was asked); it keeps
+    /// running as it was.
+    #[error("the sandbox's agent does not answer: {0}")]
+    GuestUnresponsive(String),
     /// The template's start command failed or never became ready (with its output).
     #[error("{0}")]
     StartCommand(String),
@@ -227,6 +236,8 @@ pub struct CreateParams {
     /// Whether the agent demands an access token (v2 sandboxes always do).
     pub secure: bool,
     pub pause_on_timeout: bool,
+    /// How that pause pauses.
+    pub timeout_pause: PauseMode,
     pub auto_resume: bool,
     /// The API key that creates it.
     pub owner: Option<String>,
@@ -358,7 +369,7 @@ impl Lifecycle {
                 .logs(addr, sandbox.access_token().as_deref())
                 .await
                 .map(Into::into)
-                .map_err(|e| LifecycleError::Agent(format!("reading the sandbox's log: {e}"))),
+                .map_err(|e| LifecycleError::GuestUnresponsive(format!("reading its log: {e}"))),
             None => Ok(sandbox.paused_log()),
         }
     }

@@ -236,7 +236,7 @@ impl Lifecycle {
                 .init(addr, None, &init)
                 .await
                 .map_err(LifecycleError::Agent)?;
-            self.run_start_command(addr, defaults).await?;
+            self.run_start_command(addr, None, defaults).await?;
             let Some(image) = image else {
                 return Ok(());
             };

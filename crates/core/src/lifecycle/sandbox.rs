@@ -264,6 +264,8 @@ mod tests {
                 disk_mb: 1,
             },
             pause_on_timeout: false,
+            timeout_pause: Default::default(),
+            pause_mode: None,
             auto_resume: false,
             owner: Some("k1".into()),
             egress: Egress::default(),

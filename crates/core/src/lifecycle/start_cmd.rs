@@ -7,6 +7,7 @@ use super::{AgentCommand, Lifecycle, LifecycleError, OutputLine, Program};
 use crate::store::TemplateDefaults;
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -18,12 +19,14 @@ const READY_INTERVAL: Duration = Duration::from_millis(200);
 const TAIL_LINES: usize = 20;
 
 impl Lifecycle {
-    /// Runs the template's start command in the freshly booted sandbox at `addr`, as the
-    /// template's user, and returns once its ready command succeeds. The command keeps running
-    /// after that: the agent owns it, not this call.
+    /// Runs the template's start command in the freshly booted sandbox at `addr` (whose agent
+    /// holds `access_token`, if any), as the template's user, and returns once its ready
+    /// command succeeds. The command keeps running after that: the agent owns it, not this
+    /// call.
     pub(super) async fn run_start_command(
         &self,
         addr: Ipv4Addr,
+        access_token: Option<Arc<str>>,
         defaults: &TemplateDefaults,
     ) -> Result<(), LifecycleError> {
         let ready = match (&defaults.start_cmd, &defaults.ready_cmd) {
@@ -40,6 +43,7 @@ impl Lifecycle {
             envs: defaults.env.clone(),
             timeout,
             logged,
+            access_token: access_token.clone(),
         };
         let mut tail = VecDeque::with_capacity(TAIL_LINES);
         let mut last_ready = None;

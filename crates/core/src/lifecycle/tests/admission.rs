@@ -1,7 +1,7 @@
 //! Admission, quotas and the state machine's guarantees, against the recording driver.
 
 use super::*;
-use crate::store::SandboxState;
+use crate::store::{PauseMode, SandboxState};
 
 /// An API key with these limits, as `airlock key create` makes one; returns its id.
 fn key_with(store: &Store, limits: crate::store::KeyLimits) -> String {
@@ -77,9 +77,11 @@ async fn each_key_is_held_to_its_own_limits() {
         .expect("another key is unaffected");
 
     // Paused: one at most. A refused pause leaves the sandbox running.
-    lc.pause(a.id().as_str()).await.unwrap();
+    lc.pause(a.id().as_str(), PauseMode::Full, false)
+        .await
+        .unwrap();
     assert!(matches!(
-        lc.pause(b.id().as_str()).await,
+        lc.pause(b.id().as_str(), PauseMode::Full, false).await,
         Err(LifecycleError::Quota(m)) if m.contains("paused")
     ));
     assert_eq!(
@@ -89,7 +91,7 @@ async fn each_key_is_held_to_its_own_limits() {
     // A paused sandbox frees its running place, and resuming needs one.
     let c = lc.create(as_key(&limited)).await.unwrap();
     assert!(matches!(
-        lc.resume(a.id().as_str(), None).await,
+        lc.resume(a.id().as_str(), None, PauseMode::Full).await,
         Err(LifecycleError::Quota(_))
     ));
     assert_eq!(
@@ -97,7 +99,9 @@ async fn each_key_is_held_to_its_own_limits() {
         SandboxState::Paused
     );
     lc.kill(c.id().as_str()).await.unwrap();
-    lc.resume(a.id().as_str(), None).await.unwrap();
+    lc.resume(a.id().as_str(), None, PauseMode::Full)
+        .await
+        .unwrap();
 
     // Snapshot disk: each image takes 3 MiB here, and the key may use 5.
     lc.snapshot(b.id().as_str(), Some("one")).await.unwrap();
@@ -163,7 +167,7 @@ async fn traffic_waits_for_a_snapshot_and_a_kill_waits_for_a_pause() {
 
     let pause = {
         let (lc, id) = (lc.clone(), id.clone());
-        tokio::spawn(async move { lc.pause(&id).await })
+        tokio::spawn(async move { lc.pause(&id, PauseMode::Full, false).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(sbx.phase(), Phase::Pausing);

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::driver::{LaunchSpec, Placement};
-use crate::store::{SandboxState, TemplateDefaults, TemplateRecord};
+use crate::store::{PauseMode, SandboxState, TemplateDefaults, TemplateRecord};
 use airlock_wire::logs::LogLevel;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -130,21 +130,26 @@ impl Driver for RecordingDriver {
 
 /// An agent that answers at once, except (with `first_copy_dead`) in the first sandbox it is
 /// asked about, which never answers.
+#[derive(Default)]
 struct TestAgent {
     first_copy_dead: std::sync::atomic::AtomicBool,
+    reboots: std::sync::atomic::AtomicUsize,
 }
 
 impl TestAgent {
     fn ready() -> Arc<Self> {
-        Arc::new(TestAgent {
-            first_copy_dead: false.into(),
-        })
+        Arc::default()
     }
 
     fn first_copy_dead() -> Arc<Self> {
         Arc::new(TestAgent {
             first_copy_dead: true.into(),
+            ..Default::default()
         })
+    }
+
+    fn reboots(&self) -> usize {
+        self.reboots.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -172,6 +177,11 @@ impl AgentClient for TestAgent {
         _: &mut (dyn FnMut(OutputLine) + Send),
     ) -> Result<i32, String> {
         Ok(0)
+    }
+    async fn reboot(&self, _: Ipv4Addr, _: Option<&str>) -> Result<(), String> {
+        self.reboots
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
     async fn logs(&self, _: Ipv4Addr, _: Option<&str>) -> Result<Vec<LogEntry>, String> {
         Ok(vec![LogEntry {
@@ -392,9 +402,14 @@ async fn policies_and_resources_follow_the_sandbox() {
 
     // A resume lands in another slot, with the same policy before it runs.
     lc.create(params()).await.unwrap();
-    lc.pause(a.id().as_str()).await.unwrap();
+    lc.pause(a.id().as_str(), PauseMode::Full, false)
+        .await
+        .unwrap();
     lc.create(params()).await.unwrap();
-    let resumed = lc.resume(a.id().as_str(), None).await.unwrap();
+    let resumed = lc
+        .resume(a.id().as_str(), None, PauseMode::Full)
+        .await
+        .unwrap();
     let new_slot = resumed.record().slot.unwrap();
     assert_ne!(new_slot, slot);
     assert_eq!(driver.egress.lock().unwrap()[&new_slot], egress);
@@ -405,11 +420,11 @@ async fn policies_and_resources_follow_the_sandbox() {
         .await
         .unwrap();
     assert!(driver.egress.lock().unwrap()[&new_slot].is_open());
-    lc.pause(id.as_str()).await.unwrap();
+    lc.pause(id.as_str(), PauseMode::Full, false).await.unwrap();
     lc.set_network(id.as_str(), egress.clone(), None)
         .await
         .unwrap();
-    let again = lc.resume(id.as_str(), None).await.unwrap();
+    let again = lc.resume(id.as_str(), None, PauseMode::Full).await.unwrap();
     assert_eq!(
         driver.egress.lock().unwrap()[&again.record().slot.unwrap()],
         egress
@@ -445,7 +460,7 @@ async fn pause_resume_and_their_conflicts() {
     let (_dir, store, lc) = setup(driver.clone(), Limits::default());
     let a = lc.create(params()).await.unwrap();
     let id = a.id().to_string();
-    lc.pause(&id).await.unwrap();
+    lc.pause(&id, PauseMode::Full, false).await.unwrap();
     assert!(
         lc.running(&id).await.is_err(),
         "a paused sandbox takes no traffic"
@@ -453,7 +468,7 @@ async fn pause_resume_and_their_conflicts() {
     assert_eq!(lc.record(&id).unwrap().state, SandboxState::Paused);
     assert_eq!(store.sandboxes().unwrap()[0].slot, None);
     assert!(matches!(
-        lc.pause(&id).await,
+        lc.pause(&id, PauseMode::Full, false).await,
         Err(LifecycleError::AlreadyPaused(_))
     ));
     assert!(matches!(
@@ -461,7 +476,7 @@ async fn pause_resume_and_their_conflicts() {
         Err(LifecycleError::SandboxNotFound(_))
     ));
 
-    let (resumed, was_paused) = lc.connect(&id, None).await.unwrap();
+    let (resumed, was_paused) = lc.connect(&id, None, PauseMode::Full).await.unwrap();
     assert!(was_paused);
     assert_eq!(resumed.record().state, SandboxState::Running);
     assert!(
@@ -469,15 +484,15 @@ async fn pause_resume_and_their_conflicts() {
         "the spent image is gone"
     );
     assert!(matches!(
-        lc.resume(&id, None).await,
+        lc.resume(&id, None, PauseMode::Full).await,
         Err(LifecycleError::AlreadyRunning(_))
     ));
     assert!(matches!(
-        lc.pause("nosuchsandbox").await,
+        lc.pause("nosuchsandbox", PauseMode::Full, false).await,
         Err(LifecycleError::SandboxNotFound(_))
     ));
 
-    lc.pause(&id).await.unwrap();
+    lc.pause(&id, PauseMode::Full, false).await.unwrap();
     lc.kill(&id).await.unwrap();
     lc.settle().await;
     assert!(store.sandboxes().unwrap().is_empty());
@@ -493,7 +508,7 @@ async fn a_failed_checkpoint_keeps_the_sandbox_running() {
     let (_dir, _store, lc) = setup(driver, Limits::default());
     let id = lc.create(params()).await.unwrap().id().to_string();
     assert!(matches!(
-        lc.pause(&id).await,
+        lc.pause(&id, PauseMode::Full, false).await,
         Err(LifecycleError::NoSpace(_))
     ));
     let back = lc.running(&id).await.unwrap();
@@ -570,7 +585,9 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
     assert!(!lc.delete_snapshot("k1", "ready").await.unwrap());
     assert!(driver.has_image(&their_snap.image), "k2's is untouched");
 
-    lc.pause(copy.id().as_str()).await.unwrap();
+    lc.pause(copy.id().as_str(), PauseMode::Full, false)
+        .await
+        .unwrap();
     for leftover in ["paused-gone", "snapshot-gone", "golden-base-x-y"] {
         driver.images.lock().unwrap().insert(leftover.into());
     }
@@ -587,5 +604,39 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
         !images.iter().any(|i| i.ends_with("-gone")),
         "unnamed images are swept"
     );
-    lc2.resume(copy.id().as_str(), None).await.unwrap();
+    lc2.resume(copy.id().as_str(), None, PauseMode::Full)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_filesystem_pause_ends_the_processes_and_its_resume_starts_afresh() {
+    let driver = Arc::new(RecordingDriver::default());
+    let agent = TestAgent::ready();
+    let (_dir, store, lc) = setup_with_agent(driver, Limits::default(), agent.clone());
+    let id = lc.create(params()).await.unwrap().id().to_string();
+
+    // The processes end before the checkpoint, and the record says what was saved.
+    lc.pause(&id, PauseMode::Filesystem, false).await.unwrap();
+    assert_eq!(agent.reboots(), 1);
+    let stored = |store: &Store| store.sandboxes().unwrap()[0].pause_mode;
+    assert_eq!(stored(&store), Some(PauseMode::Filesystem));
+    assert_eq!(
+        lc.record(&id).unwrap().pause_mode,
+        Some(PauseMode::Filesystem)
+    );
+    // Its resume has nothing left to end, whatever it asks.
+    lc.resume(&id, None, PauseMode::Full).await.unwrap();
+    assert_eq!(agent.reboots(), 1);
+    assert_eq!(stored(&store), None);
+    assert_eq!(lc.record(&id).unwrap().pause_mode, None);
+
+    // A full pause resumed with a reboot ends the restored processes.
+    lc.pause(&id, PauseMode::Full, false).await.unwrap();
+    assert_eq!(
+        (agent.reboots(), stored(&store)),
+        (1, Some(PauseMode::Full))
+    );
+    lc.connect(&id, None, PauseMode::Filesystem).await.unwrap();
+    assert_eq!(agent.reboots(), 2);
 }

@@ -1,0 +1,65 @@
+//! A reboot that keeps the files: every process of the sandbox but the agent ends, and the agent
+//! forgets what it kept for them (watchers, code contexts and their kernels), so what is left is
+//! the file system and an agent as after a boot. A filesystem-only pause does this before its
+//! checkpoint, which then holds little but the files; a resume with `on_resume="reboot"` does it
+//! after the restore. The server then runs the template's start command again.
+
+use crate::reaper;
+use crate::rpc::RpcError;
+use crate::state::AgentState;
+use airlock_wire::logs::LogLevel;
+use airlock_wire::REBOOT_PATH;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::time::{Duration, Instant};
+
+/// How long the processes get to be gone: SIGKILL is not refused, so this only bounds a stuck
+/// kernel.
+const END_WITHIN: Duration = Duration::from_secs(10);
+
+pub fn routes() -> Router<AgentState> {
+    Router::new().route(REBOOT_PATH, post(reboot))
+}
+
+async fn reboot(State(agent): State<AgentState>) -> Result<StatusCode, RpcError> {
+    let ended = tokio::task::spawn_blocking(end_every_other_process)
+        .await
+        .map_err(|e| RpcError::internal(format!("ending the processes: {e}")))??;
+    agent.forget_sessions();
+    agent.log.write(
+        LogLevel::Info,
+        format!("sandbox rebooted: {ended} processes ended, files kept"),
+        [("event", "reboot".to_owned())],
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// SIGKILLs every process but this one until none is left; returns how many there were.
+fn end_every_other_process() -> Result<usize, RpcError> {
+    let me = std::process::id() as i32;
+    let deadline = Instant::now() + END_WITHIN;
+    let mut ended = std::collections::HashSet::new();
+    loop {
+        let left: Vec<i32> = reaper::pids()
+            .into_iter()
+            .filter(|&pid| pid != me && !reaper::has_ended(pid))
+            .collect();
+        if left.is_empty() {
+            return Ok(ended.len());
+        }
+        if Instant::now() > deadline {
+            return Err(RpcError::internal(format!(
+                "processes {left:?} did not end within {END_WITHIN:?}"
+            )));
+        }
+        for pid in left {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            ended.insert(pid);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
