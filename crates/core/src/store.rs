@@ -102,7 +102,7 @@ pub struct SandboxRecord {
     pub timeout_pause: PauseMode,
     /// What its latest pause saved, while it is paused.
     pub pause_mode: Option<PauseMode>,
-    /// Resume on connect-style traffic (E2B's `autoResume`); recorded and reported.
+    /// Resume when a request for it comes through the proxy (E2B's `autoResume`).
     pub auto_resume: bool,
     /// Id of the API key that created it; only that key sees it. `None` for sandboxes from
     /// before keys had owners, which no key sees.

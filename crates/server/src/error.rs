@@ -72,6 +72,10 @@ impl From<LifecycleError> for ApiError {
             | LifecycleError::Busy(_) => StatusCode::CONFLICT,
             // Says what is full and how much is needed; nothing in it is secret.
             LifecycleError::GuestUnresponsive(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // Names only the sandbox, and what its owner can do.
+            LifecycleError::ImageGone(_) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+            }
             LifecycleError::NoSpace(_) => {
                 tracing::warn!(error = %err, "checkpoint refused");
                 return ApiError::new(StatusCode::INSUFFICIENT_STORAGE, err.to_string());

@@ -3,6 +3,7 @@
 
 pub mod agent_client;
 pub mod api;
+pub mod auto_resume;
 pub mod builtins;
 pub mod cli;
 pub mod data_dir;

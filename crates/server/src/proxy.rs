@@ -11,6 +11,7 @@
 use crate::AppState;
 use airlock_core::ids::SandboxId;
 use airlock_core::lifecycle::Sandbox;
+use airlock_core::store::SandboxRecord;
 use airlock_wire::api::SandboxNotFoundBody;
 use airlock_wire::signed_url::{signature, FileOperation};
 use airlock_wire::{ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
@@ -109,9 +110,16 @@ pub async fn route_sandbox_traffic(
 ) -> Response {
     match classify(req.headers(), req.uri()) {
         None => next.run(req).await,
-        Some(Target::Sandbox { id, port }) => match state.lifecycle.running(&id).await {
-            Ok(sandbox) if !traffic_allowed(&sandbox, port, req.headers()) => {
-                crate::error::ApiError::new(
+        Some(Target::Sandbox { id, port }) => {
+            let sandbox = match state.lifecycle.running(&id).await {
+                Ok(sandbox) => sandbox,
+                Err(_) => match crate::auto_resume::wake(&state, &id, port, req.headers()).await {
+                    Ok(sandbox) => sandbox,
+                    Err(answer) => return answer,
+                },
+            };
+            if port != ENVD_PORT && !port_allowed(&sandbox.record(), req.headers()) {
+                return crate::error::ApiError::new(
                     StatusCode::FORBIDDEN,
                     format!(
                         "port {port} of sandbox {id} takes only requests that carry its traffic \
@@ -119,11 +127,10 @@ pub async fn route_sandbox_traffic(
                          with allowPublicTraffic: false)"
                     ),
                 )
-                .into_response()
+                .into_response();
             }
-            Ok(sandbox) => forward(&state, sandbox, port, req).await,
-            Err(_) => sandbox_not_found(&id),
-        },
+            forward(&state, sandbox, port, req).await
+        }
         Some(Target::SignedFiles) => match signer_of(&state, req.method(), req.uri()).await {
             Some(sandbox) => forward(&state, sandbox, ENVD_PORT, req).await,
             None => crate::error::ApiError::new(
@@ -138,13 +145,9 @@ pub async fn route_sandbox_traffic(
 /// Header with which E2B's SDK proves itself on a sandbox's ports besides envd's.
 pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
-/// Whether a request may reach `port`: envd has its own access token and is always let
-/// through; with `allowPublicTraffic: false` every other port needs the traffic token.
-fn traffic_allowed(sandbox: &Sandbox, port: u16, headers: &HeaderMap) -> bool {
-    if port == ENVD_PORT {
-        return true;
-    }
-    let record = sandbox.record();
+/// Whether a request may reach a port of the sandbox other than envd's (which has its own
+/// access token): with `allowPublicTraffic: false` it needs the traffic token.
+pub(crate) fn port_allowed(record: &SandboxRecord, headers: &HeaderMap) -> bool {
     if !record.require_traffic_token {
         return true;
     }
@@ -158,7 +161,7 @@ fn traffic_allowed(sandbox: &Sandbox, port: u16, headers: &HeaderMap) -> bool {
 }
 
 /// Compares secrets in time that does not depend on where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -147,6 +147,11 @@ impl Lifecycle {
             writes: RootfsWrites::Private,
         };
         let image = paused_image(&record.id);
+        if !self.driver.has_image(&image) {
+            tracing::error!(sandbox = %record.id, image, "the paused image is gone; cannot resume");
+            sandbox.set_phase(Phase::Paused, None);
+            return Err(LifecycleError::ImageGone(id.to_owned()));
+        }
         let placement = match self.bring_up(&spec, Some(&image)).await {
             Ok(placement) => placement,
             Err(e) => {

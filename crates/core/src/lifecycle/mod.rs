@@ -221,6 +221,10 @@ pub enum LifecycleError {
     /// The template's start command failed or never became ready (with its output).
     #[error("{0}")]
     StartCommand(String),
+    #[error(
+        "sandbox '{0}' cannot be resumed: its paused image is gone from the server's disk; kill it"
+    )]
+    ImageGone(String),
     #[error("state store failed")]
     Store(#[from] StoreError),
 }

@@ -1,0 +1,119 @@
+"""Auto-resume through the proxy: a paused sandbox created with
+`lifecycle={"auto_resume": True}` is resumed by a request for one of its ports or for envd, and
+the request is served. Requests that could not use it wake nothing."""
+
+import http.client
+import shutil
+import time
+
+from e2b import Sandbox, SandboxState
+
+AUTO = {"on_timeout": "pause", "auto_resume": True}
+
+
+def state_of(sbx):
+    return Sandbox.get_info(sbx.sandbox_id).state
+
+
+def get(server, sbx, port, path="/", headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("GET", path, headers={"Host": f"{port}-{sbx.sandbox_id}.airlock.test",
+                                       **(headers or {})})
+    resp = conn.getresponse()
+    return resp.status, resp.read().decode(errors="replace")
+
+
+def serve_files(sbx):
+    sbx.files.write("www/index.html", "served after a pause")
+    sbx.commands.run("cd www && python3 -m http.server 8000", background=True)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if sbx.commands.run("curl -s localhost:8000/index.html || true").stdout:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the file server did not start")
+
+
+def test_traffic_to_a_port_resumes_the_sandbox(server, sandbox_factory):
+    sbx = sandbox_factory(lifecycle=AUTO)
+    serve_files(sbx)
+    sbx.pause()
+    assert state_of(sbx) == SandboxState.PAUSED
+    # The server inside was paused with the sandbox, and answers the request that woke it.
+    assert get(server, sbx, 8000, "/index.html") == (200, "served after a pause")
+    assert state_of(sbx) == SandboxState.RUNNING
+
+
+def test_envd_traffic_with_the_token_resumes_and_without_it_does_not(server, sandbox_factory):
+    sbx = sandbox_factory(lifecycle=AUTO)
+    sbx.files.write("note.txt", "kept")
+    sbx.pause()
+    # Without the sandbox's access token nothing wakes.
+    status, _ = get(server, sbx, 49983, "/files?path=/home/user/note.txt")
+    assert status == 502 and state_of(sbx) == SandboxState.PAUSED
+    # The SDK's own envd calls carry it: a read resumes the sandbox and is answered.
+    assert sbx.files.read("note.txt") == "kept"
+    assert state_of(sbx) == SandboxState.RUNNING
+
+
+def test_only_sandboxes_that_asked_for_it_resume(server, sandbox_factory):
+    plain = sandbox_factory(lifecycle={"on_timeout": "pause"})
+    serve_files(plain)
+    plain.pause()
+    status, body = get(server, plain, 8000, "/index.html")
+    assert status == 502 and "not found" in body, body
+    assert state_of(plain) == SandboxState.PAUSED
+
+    # A sandbox paused without its memory starts afresh: traffic does not resume it.
+    files_only = sandbox_factory(lifecycle=AUTO)
+    files_only.pause(mode="filesystem")
+    status, body = get(server, files_only, 8000)
+    assert status == 409 and "connect" in body, body
+    assert state_of(files_only) == SandboxState.PAUSED
+
+    # A private port needs its traffic token before it wakes anything.
+    status, created = server.api("POST", "/v2/sandboxes", {
+        "templateID": "base", "autoPause": True, "autoResume": {"enabled": True},
+        "network": {"allowPublicTraffic": False}})
+    assert status == 201, created
+    private = Sandbox.connect(created["sandboxID"])
+    try:
+        serve_files(private)
+        private.pause()
+        status, _ = get(server, private, 8000, "/index.html")
+        assert status == 502 and state_of(private) == SandboxState.PAUSED
+        token = {"E2B-Traffic-Access-Token": created["trafficAccessToken"]}
+        assert get(server, private, 8000, "/index.html", token) == (200, "served after a pause")
+    finally:
+        private.kill()
+
+
+def test_a_sandbox_whose_image_is_gone_says_so(server, sandbox_factory):
+    sbx = sandbox_factory(lifecycle=AUTO)
+    sbx.pause()
+    images = server.data_dir / "gvisor" / "images"
+    [image] = [p for p in images.iterdir() if sbx.sandbox_id in p.name]
+    shutil.rmtree(image)
+    status, body = get(server, sbx, 8000)
+    assert status == 500 and "paused image is gone" in body and sbx.sandbox_id in body, body
+    # It is still reported, as paused, and can be killed.
+    assert state_of(sbx) == SandboxState.PAUSED
+    status, body = server.api("POST", f"/sandboxes/{sbx.sandbox_id}/resume", {})
+    assert status == 500 and "paused image is gone" in body["message"], body
+    sbx.kill()
+
+
+def test_auto_resume_from_node(server):
+    js = """
+      import { Sandbox } from 'e2b'
+      const sbx = await Sandbox.create('base', { lifecycle: { onTimeout: 'pause', autoResume: true } })
+      await sbx.files.write('f.txt', 'woken by node')
+      await sbx.pause()
+      const before = (await Sandbox.getInfo(sbx.sandboxId)).state
+      const text = await sbx.files.read('f.txt')
+      const after = (await Sandbox.getInfo(sbx.sandboxId)).state
+      await sbx.kill()
+      console.log(JSON.stringify({ before, text, after }))
+    """
+    got = server.js(js)
+    assert got == {"before": "paused", "text": "woken by node", "after": "running"}, got
