@@ -144,6 +144,20 @@ def _airlock_startup():
         except Exception:
             return False
 
+    def box_outline(line):
+        """[x0, x1, y0, y1] of a box that `boxplot` drew as a closed rectangle of lines (its
+        default, without `patch_artist`), else None."""
+        x, y = line.get_xdata(), line.get_ydata()
+        if len(x) != 5 or len(y) != 5:
+            return None
+        try:
+            xs, ys = [float(v) for v in x], [float(v) for v in y]
+        except Exception:
+            return None
+        if (xs[0], ys[0]) != (xs[4], ys[4]) or len(set(xs)) != 2 or len(set(ys)) != 2:
+            return None
+        return [min(xs), max(xs), min(ys), max(ys)]
+
     def chart_type(ax):
         from matplotlib.collections import PathCollection
         from matplotlib.lines import Line2D
@@ -153,7 +167,7 @@ def _airlock_startup():
         if not objs:
             return None
         if all(isinstance(o, Line2D) for o in objs):
-            return "line"
+            return "box_and_whisker" if any(box_outline(o) for o in objs) else "line"
         if all(isinstance(o, (PathPatch, Line2D)) for o in objs):
             return "box_and_whisker"
         objs = [o for o in objs if not (isinstance(o, Line2D) and is_straight_segment(o))]
@@ -346,7 +360,7 @@ def _airlock_startup():
     def box_chart(ax):
         from matplotlib.patches import PathPatch
 
-        boxes = []
+        boxes = [b for b in map(box_outline, ax.get_lines()) if b is not None]
         for p in ax.patches:
             if not isinstance(p, PathPatch):
                 continue
@@ -376,6 +390,8 @@ def _airlock_startup():
             return None
 
         for line in ax.get_lines():
+            if box_outline(line) is not None:
+                continue
             cs, vs = line.get_xdata(), line.get_ydata()
             if not vertical:
                 cs, vs = vs, cs
@@ -495,6 +511,31 @@ def _airlock_startup():
     formatters = shell.display_formatter.formatters
     formatters["e2b/data"] = E2BDataFormatter(parent=shell.display_formatter)
     formatters["e2b/chart"] = E2BChartFormatter(parent=shell.display_formatter)
+
+    # ---- PIL images ---------------------------------------------------------------------------
+    # As in E2B's sandboxes: an image saved to a file, or shown, is also a result (a PNG). A
+    # sandbox has no screen, so showing is only that.
+
+    try:
+        from PIL import Image, ImageShow
+    except ImportError:
+        return
+    from IPython.display import display
+
+    save_to = Image.Image.save
+
+    def save(image, fp, format=None, **params):
+        if isinstance(fp, (str, os.PathLike)):
+            display(image)
+        return save_to(image, fp, format, **params)
+
+    class ResultViewer(ImageShow.Viewer):
+        def show(self, image, **options):
+            display(image)
+            return 1
+
+    Image.Image.save = save
+    ImageShow.register(ResultViewer, order=-1)
 
 
 try:

@@ -72,6 +72,45 @@ def test_matplotlib_plot_comes_back_as_png_with_chart_data(ci):
     assert chart.elements[0].label == "rising"
 
 
+@pytest.mark.parametrize("style", ["", ", patch_artist=True", ", vert=False"])
+def test_box_plot_comes_back_with_quartiles_and_outliers(ci, style):
+    # Boxes drawn as lines (matplotlib's default), as patches, and lying down.
+    execution = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.boxplot([[1, 2, 3, 4, 5, 30], [10, 12, 14, 16, 18]], tick_labels=['a', 'b']"
+        f"{style})\n"
+        "ax.set_title('Spread')\n"
+        "plt.show()\n"
+    )
+    assert execution.error is None, execution.error
+    [result] = [r for r in execution.results if r.png]
+    chart = result.chart
+    assert chart.type.value == "box_and_whisker" and chart.title == "Spread"
+    a, b = chart.elements
+    # numpy's quartiles of [1, 2, 3, 4, 5, 30]: 2.25, 3.5, 4.75; 30 lies beyond the whisker.
+    assert (a.label, a.first_quartile, a.median, a.third_quartile) == ("a", 2.25, 3.5, 4.75)
+    assert (a.min, a.max, a.outliers) == (1, 5, [30])
+    assert (b.label, b.min, b.median, b.max, b.outliers) == ("b", 10, 14, 18, [])
+
+
+def test_a_saved_or_shown_pil_image_is_a_png_result(ci):
+    execution = ci.run_code(
+        "from PIL import Image\n"
+        "img = Image.new('RGB', (40, 20), 'red')\n"
+        "img.save('/home/user/red.png')\n"
+        "img.show()\n"
+    )
+    assert execution.error is None, execution.error
+    pngs = [base64.b64decode(r.png) for r in execution.results if r.png]
+    assert len(pngs) == 2 and all(p[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs), execution
+    # The file is written as asked.
+    assert ci.files.read("/home/user/red.png", format="bytes")[:8] == b"\x89PNG\r\n\x1a\n"
+    # Saving to a buffer is not a result.
+    quiet = ci.run_code("import io\nimg.save(io.BytesIO(), 'PNG')")
+    assert quiet.results == [], quiet
+
+
 def test_dataframe_comes_back_as_html_and_data(ci):
     execution = ci.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
     assert execution.error is None
