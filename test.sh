@@ -4,7 +4,8 @@
 # builds the `base` and `code-interpreter-v1` templates (cached by content hash), runs a short,
 # bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
-# and e2b-code-interpreter SDKs from PyPI.
+# and e2b-code-interpreter SDKs from PyPI, then again by the older ones that
+# tests/requirements-compat.txt pins (less the tests marked `newest_sdk`).
 #
 #   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default: a fresh private one,
 #                          removed afterwards)
@@ -33,3 +34,6 @@ echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}
+echo "==> integration tests with the older SDKs of tests/requirements-compat.txt"
+# shellcheck disable=SC2086
+.venv-compat/bin/python -m pytest tests/integration -m "not newest_sdk" ${PYTEST_ARGS:-}

@@ -64,13 +64,8 @@ if ! command -v runsc >/dev/null; then
 fi
 
 # The Python SDK, pinned, in a venv under the repo (used by the demo, the tests and the benchmark).
-VENV=${AIRLOCK_VENV:-"$(dirname "$0")/../.venv"}
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter, pytest' 2>/dev/null; then
-  "$VENV/bin/pip" install -q -r "$(dirname "$0")/../tests/requirements.txt"
-fi
+"$(dirname "$0")/python-env.sh" "${AIRLOCK_VENV:-"$(dirname "$0")/../.venv"}" \
+  "$(dirname "$0")/../tests/requirements.txt"
 
 # The JavaScript SDK, pinned by tests/js/package-lock.json: the tests drive it with Node.
 JS_DIR=$(cd "$(dirname "$0")/../tests/js" && pwd)

@@ -20,3 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The older SDKs the suite also runs with (see test.sh), in a venv of their own.
+"$(dirname "$0")/python-env.sh" "$(dirname "$0")/../.venv-compat" \
+  "$(dirname "$0")/../tests/requirements-compat.txt"

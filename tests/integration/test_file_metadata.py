@@ -85,6 +85,7 @@ def test_bad_metadata_is_refused_and_writes_nothing(server, sandbox):
     assert not sandbox.files.exists("meta/long.txt")
 
 
+@pytest.mark.newest_sdk
 def test_entries_report_directory_sizes_and_symlink_targets(server, sandbox):
     sandbox.files.write("links/target.txt", "12345")
     sandbox.commands.run("cd links && ln -s target.txt file-link && ln -s /tmp dir-link"

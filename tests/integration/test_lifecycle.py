@@ -15,7 +15,7 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
-from e2b.exceptions import NotFoundException, SandboxNotRunningException
+from e2b.exceptions import NotFoundException
 
 from conftest import API_KEY
 from test_tenants import wait_for_port
@@ -153,7 +153,10 @@ def test_set_timeout_extends_life(sandbox_factory):
     assert end.timestamp() - time.time() > 60
 
 
+@pytest.mark.newest_sdk
 def test_killing_a_sandbox_mid_command_ends_the_stream(sandbox_factory):
+    from e2b.exceptions import SandboxNotRunningException
+
     sbx = sandbox_factory()
     handle = sbx.commands.run("sleep 600", background=True)
     Sandbox.kill(sbx.sandbox_id)
@@ -247,6 +250,7 @@ def test_sandbox_routes_need_the_access_token(server, sandbox):
     assert status == 404
 
 
+@pytest.mark.newest_sdk
 def test_upload_larger_than_free_space_is_507(sandbox):
     # /dev/shm is a 64 MiB tmpfs inside every sandbox: a real filesystem with little free space.
     free = int(sandbox.commands.run("df --output=avail -B1 /dev/shm | tail -1").stdout)

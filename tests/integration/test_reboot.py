@@ -25,6 +25,7 @@ def running_sleeps(sbx):
     return sbx.commands.run("pgrep -x sleep || true").stdout.split()
 
 
+@pytest.mark.newest_sdk
 def test_a_filesystem_pause_keeps_files_and_starts_afresh(server, names):
     # Each start of the start command leaves a line, so a rerun shows.
     name = names()
@@ -56,6 +57,7 @@ def test_a_filesystem_pause_keeps_files_and_starts_afresh(server, names):
         sbx.kill()
 
 
+@pytest.mark.newest_sdk
 def test_a_full_pause_resumed_with_reboot_drops_memory(server):
     from e2b_code_interpreter import Sandbox as CodeSandbox
 
@@ -87,6 +89,7 @@ def test_a_restore_after_a_full_pause_still_keeps_everything(sandbox):
     assert running_sleeps(sandbox)
 
 
+@pytest.mark.newest_sdk
 def test_an_auto_pause_can_keep_files_only(server, sandbox_factory):
     sbx = sandbox_factory(timeout=3, lifecycle={
         "on_timeout": {"action": "pause", "mode": "filesystem"}})
@@ -99,6 +102,7 @@ def test_an_auto_pause_can_keep_files_only(server, sandbox_factory):
     assert running_sleeps(sbx) == [] and sbx.files.read("kept.txt") == "files survive"
 
 
+@pytest.mark.newest_sdk
 def test_auto_resume_and_a_files_only_auto_pause_do_not_mix(server):
     with pytest.raises(InvalidArgumentException):
         Sandbox.create("base", lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"},
