@@ -8,11 +8,11 @@ use super::{now_unix, paused_image, snapshot_image, CreateParams, Lifecycle, Lif
 use crate::driver::{DriverError, LaunchSpec, RootfsWrites};
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::{PauseMode, SandboxState, SnapshotRecord};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// How long a pause that needs the sandbox's agent waits for it to answer.
 const GUEST_CHECK: Duration = Duration::from_secs(2);
-use std::sync::Arc;
-use std::time::Duration;
 
 /// A failed checkpoint as the API reports it: a full disk is the caller's to hear about.
 pub(super) fn checkpoint_error(e: DriverError) -> LifecycleError {
