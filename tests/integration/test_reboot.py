@@ -77,6 +77,15 @@ def test_a_full_pause_resumed_with_reboot_drops_memory(server):
         gone = sbx.run_code("remembered")
         assert gone.error is not None and gone.error.name == "NameError", gone
         assert sbx.run_code("1 + 1").text == "2"
+
+        # A files-only pause ends the kernel before its checkpoint; the resumed sandbox gets a
+        # new one.
+        sbx.run_code("remembered = 42")
+        sbx.pause(mode="filesystem")
+        sbx = CodeSandbox.connect(sbx.sandbox_id)
+        gone = sbx.run_code("remembered")
+        assert gone.error is not None and gone.error.name == "NameError", gone
+        assert sbx.run_code("2 + 2").text == "4"
     finally:
         sbx.kill()
 
