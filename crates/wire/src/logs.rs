@@ -24,14 +24,19 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "debug" => Some(Self::Debug),
-            "info" => Some(Self::Info),
-            "warn" => Some(Self::Warn),
-            "error" => Some(Self::Error),
-            _ => None,
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
         }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Debug, Self::Info, Self::Warn, Self::Error]
+            .into_iter()
+            .find(|level| level.as_str() == name)
     }
 }
 

@@ -98,34 +98,8 @@ pub struct BuildRecord {
     pub tags: Vec<String>,
 }
 
-/// E2B's log levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
-    Debug,
-    Info,
-    Warn,
-    Error,
-}
-
-impl LogLevel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Debug => "debug",
-            LogLevel::Info => "info",
-            LogLevel::Warn => "warn",
-            LogLevel::Error => "error",
-        }
-    }
-
-    fn parse(s: &str) -> Self {
-        match s {
-            "debug" => LogLevel::Debug,
-            "warn" => LogLevel::Warn,
-            "error" => LogLevel::Error,
-            _ => LogLevel::Info,
-        }
-    }
-}
+/// E2B's log levels, the same for builds as for sandboxes.
+pub use airlock_wire::logs::LogLevel;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogEntry {
@@ -427,7 +401,7 @@ impl Store {
         let rows = stmt.query_map(params![build, as_i64(offset), as_i64(limit)], |row| {
             Ok(LogEntry {
                 at_ms: row.get(0)?,
-                level: LogLevel::parse(&row.get::<_, String>(1)?),
+                level: LogLevel::parse(&row.get::<_, String>(1)?).unwrap_or(LogLevel::Info),
                 step: row.get(2)?,
                 message: row.get(3)?,
             })
