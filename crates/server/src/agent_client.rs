@@ -27,31 +27,18 @@ pub struct HttpAgentClient {
     pub http: HttpClient,
 }
 
-impl HttpAgentClient {
-    async fn call(&self, req: hyper::Request<Body>, within: Duration) -> Result<u16, String> {
-        let resp = tokio::time::timeout(within, self.http.request(req))
-            .await
-            .map_err(|_| "no answer in time".to_string())?
-            .map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        // Drain so the connection can go back to the pool.
-        let _ = resp.into_body().collect().await;
-        Ok(status)
-    }
-}
-
 #[async_trait::async_trait]
 impl AgentClient for HttpAgentClient {
     async fn wait_ready(&self, addr: Ipv4Addr, within: Duration) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + within;
         let mut last = String::from("never answered");
         while tokio::time::Instant::now() < deadline {
-            let req = hyper::Request::get(format!("http://{addr}:{ENVD_PORT}/health"))
-                .body(Body::empty())
-                .map_err(|e| e.to_string())?;
-            match self.call(req, Duration::from_millis(500)).await {
-                Ok(s) if (200..300).contains(&s) => return Ok(()),
-                Ok(s) => last = format!("health check answered {s}"),
+            let within = Duration::from_millis(500);
+            match self
+                .request(Method::GET, addr, "/health", None, None, within)
+                .await
+            {
+                Ok(_) => return Ok(()),
                 Err(e) => last = e,
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -96,16 +83,17 @@ impl AgentClient for HttpAgentClient {
         init: &InitRequest,
     ) -> Result<(), String> {
         let body = serde_json::to_vec(init).map_err(|e| e.to_string())?;
-        let mut req = hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/init"))
-            .header("content-type", "application/json");
-        if let Some(token) = current_token {
-            req = req.header("x-access-token", token);
-        }
-        let req = req.body(Body::from(body)).map_err(|e| e.to_string())?;
-        match self.call(req, Duration::from_secs(5)).await? {
-            s if (200..300).contains(&s) => Ok(()),
-            s => Err(format!("agent /init answered {s}")),
-        }
+        let within = Duration::from_secs(5);
+        self.request(
+            Method::POST,
+            addr,
+            "/init",
+            current_token,
+            Some(body),
+            within,
+        )
+        .await
+        .map(drop)
     }
 
     async fn run(
@@ -121,34 +109,37 @@ impl AgentClient for HttpAgentClient {
 
     async fn logs(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Vec<LogEntry>, String> {
         let body = self
-            .internal(Method::GET, addr, LOGS_PATH, token, Duration::from_secs(5))
+            .request(
+                Method::GET,
+                addr,
+                LOGS_PATH,
+                token,
+                None,
+                Duration::from_secs(5),
+            )
             .await?;
         serde_json::from_slice(&body).map_err(|e| e.to_string())
     }
 
     async fn reboot(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<(), String> {
         // The agent gives stuck processes 10 s to end.
-        self.internal(
-            Method::POST,
-            addr,
-            REBOOT_PATH,
-            token,
-            Duration::from_secs(15),
-        )
-        .await
-        .map(drop)
+        let within = Duration::from_secs(15);
+        self.request(Method::POST, addr, REBOOT_PATH, token, None, within)
+            .await
+            .map(drop)
     }
 }
 
 impl HttpAgentClient {
-    /// One of the agent's routes for the server only, with the sandbox's access token; its
-    /// body, if it answered with success within `within`.
-    async fn internal(
+    /// A request to the agent's `path`, with the sandbox's access token if it has one and a
+    /// JSON body if given; the answer's body, if it was a success within `within`.
+    async fn request(
         &self,
         method: Method,
         addr: Ipv4Addr,
         path: &str,
         token: Option<&str>,
+        json: Option<Vec<u8>>,
         within: Duration,
     ) -> Result<Bytes, String> {
         let mut req = hyper::Request::builder()
@@ -157,7 +148,14 @@ impl HttpAgentClient {
         if let Some(token) = token {
             req = req.header(ACCESS_TOKEN_HEADER, token);
         }
-        let req = req.body(Body::empty()).map_err(|e| e.to_string())?;
+        let body = match json {
+            Some(json) => {
+                req = req.header("content-type", "application/json");
+                Body::from(json)
+            }
+            None => Body::empty(),
+        };
+        let req = req.body(body).map_err(|e| e.to_string())?;
         let answer = async {
             let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
             let status = resp.status();
