@@ -1,5 +1,6 @@
 """Starting and stopping a real `airlock serve` for the integration tests and the benchmarks."""
 
+import http.client
 import json
 import os
 import secrets
@@ -73,6 +74,15 @@ class Server:
                              cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=timeout)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def sandbox_port(self, sandbox_id, port, path="/", method="GET", body=None, headers=None):
+        """A request to a sandbox's `port` through the server's proxy, named by its host as a
+        browser would; returns (status, body text)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request(method, path, body=body,
+                     headers={"Host": f"{port}-{sandbox_id}.airlock.test", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace")
 
     def api(self, method, path, body=None, key=API_KEY, raw=None, headers=None):
         """A raw control-plane call; returns (status, parsed JSON or None)."""

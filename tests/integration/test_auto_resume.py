@@ -2,7 +2,6 @@
 `lifecycle={"auto_resume": True}` is resumed by a request for one of its ports or for envd, and
 the request is served. Requests that could not use it wake nothing."""
 
-import http.client
 import shutil
 import time
 
@@ -17,11 +16,7 @@ def state_of(sbx):
 
 
 def get(server, sbx, port, path="/", headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.request("GET", path, headers={"Host": f"{port}-{sbx.sandbox_id}.airlock.test",
-                                       **(headers or {})})
-    resp = conn.getresponse()
-    return resp.status, resp.read().decode(errors="replace")
+    return server.sandbox_port(sbx.sandbox_id, port, path, headers=headers)
 
 
 def serve_files(sbx):

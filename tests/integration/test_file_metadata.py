@@ -4,7 +4,6 @@
 directory's own size, a symlink's target type)."""
 
 import asyncio
-import http.client
 import io
 import json
 import time
@@ -15,13 +14,9 @@ from e2b.exceptions import InvalidArgumentException
 
 
 def envd(server, sbx, method, path, body, headers=None):
-    """A raw request to the sandbox's agent through the server: (status, body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    conn.request(method, path, body=body, headers={
-        "E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token,
-        **(headers or {})})
-    resp = conn.getresponse()
-    return resp.status, resp.read()
+    """A raw request to the sandbox's agent through the server: (status, body text)."""
+    return server.sandbox_port(sbx.sandbox_id, 49983, path, method, body,
+                               {"X-Access-Token": sbx._envd_access_token, **(headers or {})})
 
 
 def test_metadata_is_kept_shown_and_replaced(sandbox):

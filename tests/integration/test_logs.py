@@ -3,7 +3,6 @@ SDKs' own API clients: the processes the agent started and ended, and what the t
 command wrote, before and after its golden image was taken. They survive a pause, and a key
 reads its own sandboxes' logs only."""
 
-import http.client
 import time
 
 import pytest
@@ -34,14 +33,6 @@ def wait_for(sandbox_id, predicate, timeout=20):
         if any(predicate(e) for e in entries) or time.monotonic() > deadline:
             return entries
         time.sleep(0.5)
-
-
-def get(server, sbx, port, path):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("GET", path, headers={"Host": f"{port}-{sbx.sandbox_id}.airlock.test"})
-    resp = conn.getresponse()
-    resp.read()
-    return resp.status
 
 
 def fields(entry):
@@ -75,7 +66,7 @@ def test_logs_hold_processes_and_the_start_commands_output(server, names):
 
         # What the restored start command writes now is logged too (http.server logs each
         # request on stderr).
-        assert get(server, sbx, 8080, "/logged-path") == 404
+        assert server.sandbox_port(sbx.sandbox_id, 8080, "/logged-path")[0] == 404
         entries = wait_for(sbx.sandbox_id, lambda e: "GET /logged-path" in e.message)
         request = [e for e in entries if "GET /logged-path" in e.message]
         assert request and fields(request[0])["stream"] == "stderr", messages

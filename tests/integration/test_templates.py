@@ -2,7 +2,6 @@
 RUN runs in a gVisor build sandbox, its layer is cached, and the template then starts sandboxes
 like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
 
-import http.client
 import io
 import json
 import os
@@ -186,14 +185,6 @@ def test_a_built_in_name_is_taken(server):
     assert "built-in" in str(err.value), err.value
 
 
-def user_port(server, sbx, port, path="/"):
-    """A GET to the sandbox's `port` through the server's proxy, as a browser would go."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("GET", path, headers={"Host": f"{port}-{sbx.sandbox_id}.airlock.test"})
-    resp = conn.getresponse()
-    return resp.status, resp.read().decode(errors="replace")
-
-
 def test_a_start_command_already_answers_on_the_first_request(server, names):
     name = names()
     logs = []
@@ -208,7 +199,7 @@ def test_a_start_command_already_answers_on_the_first_request(server, names):
         sbx = Sandbox.create(name)
         try:
             # No wait and no retry: the server runs as the sandbox is handed over.
-            assert user_port(server, sbx, 8080, "/index.html") == (200, "served-from-start\n")
+            assert server.sandbox_port(sbx.sandbox_id, 8080, "/index.html") == (200, "served-from-start\n")
             procs = sbx.commands.run("ps -o user=,args= -C python3").stdout
             assert "user" in procs and "http.server 8080" in procs, procs
         finally:
