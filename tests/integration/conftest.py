@@ -2,6 +2,7 @@
 `e2b` SDK. Run through ./test.sh, which builds the binaries and the `base` template first."""
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -135,3 +136,20 @@ def other_key(server):
     return airlock_key(server, "create", "--name", f"other-{uuid.uuid4().hex[:8]}")
 
 
+
+
+SERVER_LOG_LINES = 60
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the end of the server's log: the test's data dir is a
+    private temp dir that is gone after a CI run, and the server's reasons are in that log."""
+    outcome = yield
+    report = outcome.get_result()
+    srv = item.funcargs.get("server") if hasattr(item, "funcargs") else None
+    if report.failed and srv is not None and srv.log.exists():
+        lines = srv.log.read_text(errors="replace").splitlines()[-SERVER_LOG_LINES:]
+        report.sections.append(("airlock serve log (its last lines)",
+                                ANSI_ESCAPE.sub("", "\n".join(lines))))

@@ -78,15 +78,6 @@ impl Lifecycle {
                 )));
             }
         }
-        // Read now: once paused, the agent that holds the log is on disk.
-        let log = self
-            .agent
-            .logs(placement.agent, token.as_deref())
-            .await
-            .unwrap_or_else(|e| {
-                tracing::warn!(sandbox = %record.id, error = %e, "reading its log before pausing failed");
-                Vec::new()
-            });
         if let Err(e) = self
             .driver
             .checkpoint(&record.id, placement.slot, &image)
@@ -95,6 +86,17 @@ impl Lifecycle {
             tracing::warn!(sandbox = %record.id, error = %e, "pause failed; sandbox keeps running");
             return back(checkpoint_error(e));
         }
+        // Read from the sandbox that still runs after its checkpoint, and not before it: with
+        // runsc 20240729, a checkpoint taken right after this read left an image whose agent
+        // crashed on restore in about 1 resume in 25 (docs/design.md).
+        let log = self
+            .agent
+            .logs(placement.agent, token.as_deref())
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(sandbox = %record.id, error = %e, "reading its log after its checkpoint failed");
+                Vec::new()
+            });
         let stored = self.store.set_state(
             &record.id,
             SandboxState::Paused,
