@@ -166,6 +166,38 @@ def test_env_vars_per_run_and_per_sandbox(server):
         sbx.kill()
 
 
+def test_r_keeps_state_and_sees_env_vars_and_its_cwd(server):
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(CI_TEMPLATE, envs={"GLOBAL_VAR": "g"})
+    try:
+        assert sbx.run_code("x <- 41", language="r").error is None
+        # IRkernel shows a value as display data, not as the run's own result (on E2B too).
+        assert [r.text for r in sbx.run_code("x + 1", language="r").results] == ["[1] 42"]
+        assert sbx.run_code("cat('to stdout\\n')", language="r").logs.stdout == ["to stdout\n"]
+        plot = sbx.run_code("plot(1:10)", language="r").results
+        assert len(plot) == 1 and base64.b64decode(plot[0].png).startswith(b"\x89PNG"), plot
+        failed = sbx.run_code("stop('no such thing')", language="r")
+        assert failed.error is not None and "no such thing" in failed.error.value, failed.error
+
+        code = "cat(Sys.getenv('GLOBAL_VAR'), Sys.getenv('RUN_VAR', unset = 'none'), sep = '|')"
+        value = 'it\'s "quoted"\n\\ here'
+
+        def seen(**kwargs):
+            run = sbx.run_code(code, language="r", **kwargs)
+            assert run.error is None, run.error
+            return "".join(run.logs.stdout)
+
+        assert seen(envs={"RUN_VAR": value}) == "g|" + value
+        assert seen() == "g|none", "a run's variables last for that run only"
+
+        ctx = sbx.create_code_context(language="r", cwd="/tmp")
+        assert [r.text for r in sbx.run_code("getwd()", context=ctx).results] == ['[1] "/tmp"']
+        assert [r.text for r in sbx.run_code("exists('x')", context=ctx).results] == ["[1] FALSE"]
+    finally:
+        sbx.kill()
+
+
 def test_files_api_and_code_share_the_filesystem(ci):
     ci.files.write("data.csv", "name,score\nann,3\nbob,5\n")
     execution = ci.run_code(

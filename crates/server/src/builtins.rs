@@ -49,6 +49,7 @@ const BUILT_INS: &[Definition] = &[
             context_file!("code-interpreter-v1", "kernels/python3/kernel.json"),
             context_file!("code-interpreter-v1", "kernels/bash/kernel.json"),
             context_file!("code-interpreter-v1", "kernels/deno/kernel.json"),
+            context_file!("code-interpreter-v1", "kernels/ir/kernel.json"),
         ],
     },
 ];
@@ -185,6 +186,37 @@ mod tests {
         }
     }
 
+    /// A file added to a built-in's directory but not to its context above would be missing from
+    /// the built template, and nothing else would say so.
+    #[test]
+    fn every_file_of_a_built_in_is_in_its_context() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../templates");
+        for definition in BUILT_INS {
+            let dir = root.join(definition.name);
+            let mut on_disk = Vec::new();
+            let mut pending = vec![dir.clone()];
+            while let Some(at) = pending.pop() {
+                for entry in std::fs::read_dir(&at).unwrap().flatten() {
+                    let path = entry.path();
+                    if path.is_dir() {
+                        pending.push(path);
+                    } else {
+                        let relative = path.strip_prefix(&dir).unwrap();
+                        on_disk.push(relative.to_string_lossy().into_owned());
+                    }
+                }
+            }
+            on_disk.sort();
+            let mut listed: Vec<String> = definition
+                .files
+                .iter()
+                .map(|(p, _)| (*p).to_owned())
+                .collect();
+            listed.sort();
+            assert_eq!(on_disk, listed, "{}", definition.name);
+        }
+    }
+
     #[test]
     fn base_has_what_e2bs_base_has() {
         let dockerfile = file(BASE, "Dockerfile");
@@ -227,6 +259,9 @@ mod tests {
             argv(&bash)[1..],
             ["-m", "bash_kernel", "-f", "{connection_file}"]
         );
+        let r = spec("ir");
+        assert_eq!(r["language"], "R");
+        assert_eq!(argv(&r).last().unwrap(), "{connection_file}");
         let deno = spec("deno");
         assert_eq!(deno["language"], "typescript");
         assert_eq!(

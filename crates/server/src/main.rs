@@ -158,7 +158,7 @@ enum Command {
         #[arg(long, default_value = "code-interpreter-v1")]
         template: String,
         /// Language of the code.
-        #[arg(long, default_value = "python", value_parser = ["python", "js", "javascript", "ts", "typescript", "bash"])]
+        #[arg(long, default_value = "python", value_parser = ["python", "js", "javascript", "ts", "typescript", "bash", "r"])]
         lang: String,
         /// Seconds the code may run.
         #[arg(long, default_value_t = 300)]

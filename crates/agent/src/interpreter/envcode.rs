@@ -97,6 +97,23 @@ pub fn snippet(dialect: Dialect, changes: &Changes) -> Option<String> {
             );
             parts.join(" ")
         }
+        // JSON string literals are valid R ones too (R knows the same escapes, and NUL, which
+        // R strings cannot hold, was refused by `check`). `invisible` keeps R from printing.
+        Dialect::R => {
+            let mut parts: Vec<String> = Vec::new();
+            if !sets.is_empty() {
+                let args: Vec<String> = sets
+                    .iter()
+                    .map(|(k, v)| format!("{} = {}", lit(k), lit(v)))
+                    .collect();
+                parts.push(format!("invisible(Sys.setenv({}))", args.join(", ")));
+            }
+            if !unsets.is_empty() {
+                let names: Vec<String> = unsets.iter().map(|k| lit(k)).collect();
+                parts.push(format!("invisible(Sys.unsetenv(c({})))", names.join(", ")));
+            }
+            parts.join("; ")
+        }
         Dialect::Other => return None,
     };
     Some(code)
@@ -254,6 +271,10 @@ mod tests {
         assert_eq!(
             snippet(Dialect::Node, &c).unwrap(),
             r#"process.env["A"] = "x\"y\n"; delete process.env["B"];"#
+        );
+        assert_eq!(
+            snippet(Dialect::R, &c).unwrap(),
+            r#"invisible(Sys.setenv("A" = "x\"y\n")); invisible(Sys.unsetenv(c("B")))"#
         );
         assert!(snippet(Dialect::Other, &c).is_none());
         assert!(snippet(Dialect::Python, &Changes::new()).is_none());

@@ -40,6 +40,8 @@ pub enum Dialect {
     Deno,
     /// A Node-based kernel (IJavascript): `process.env`.
     Node,
+    /// IRkernel: `Sys.setenv`.
+    R,
     /// A kernel we cannot set variables in; per-run env vars are ignored.
     Other,
 }
@@ -89,6 +91,7 @@ impl Kernelspec {
             "bash" => Dialect::Bash,
             "typescript" | "javascript" if program == "deno" => Dialect::Deno,
             "typescript" | "javascript" => Dialect::Node,
+            "r" => Dialect::R,
             _ => Dialect::Other,
         }
     }

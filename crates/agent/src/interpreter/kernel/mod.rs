@@ -633,16 +633,16 @@ impl Kernel {
 /// the checkpoint its sandbox was restored from: every restored copy would otherwise produce the
 /// same "random" numbers. Python's `random` and NumPy's legacy global generator are reseeded if
 /// they are loaded (`numpy.random.default_rng()` and `secrets` draw fresh OS entropy anyway); the
-/// lambda leaves no names behind in the user's namespace. Other dialects get nothing: Deno's
-/// `Math.random` cannot be reseeded, which is why the Deno kernel never starts before a run asks
-/// for it (see `contexts::PREWARMED`).
+/// lambda leaves no names behind in the user's namespace. Other dialects get nothing: only the
+/// Python kernel starts before a checkpoint (see `contexts::PREWARMED`); Deno's `Math.random`
+/// could not be reseeded anyway.
 fn reseed_snippet(dialect: Dialect) -> Option<&'static str> {
     match dialect {
         Dialect::Python => Some(
             "(lambda m: [m[k].seed() for k in ('random', 'numpy.random') if k in m])\
              (__import__('sys').modules)",
         ),
-        Dialect::Bash | Dialect::Deno | Dialect::Node | Dialect::Other => None,
+        Dialect::Bash | Dialect::Deno | Dialect::Node | Dialect::R | Dialect::Other => None,
     }
 }
 
@@ -667,7 +667,13 @@ mod tests {
 
     #[test]
     fn reseeds_python_only() {
-        for other in [Dialect::Bash, Dialect::Deno, Dialect::Node, Dialect::Other] {
+        for other in [
+            Dialect::Bash,
+            Dialect::Deno,
+            Dialect::Node,
+            Dialect::R,
+            Dialect::Other,
+        ] {
             assert_eq!(reseed_snippet(other), None);
         }
         let code = reseed_snippet(Dialect::Python).unwrap();
