@@ -136,8 +136,6 @@ def other_key(server):
     return airlock_key(server, "create", "--name", f"other-{uuid.uuid4().hex[:8]}")
 
 
-
-
 SERVER_LOG_LINES = 60
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 

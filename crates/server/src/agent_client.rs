@@ -33,9 +33,9 @@ impl AgentClient for HttpAgentClient {
         let deadline = tokio::time::Instant::now() + within;
         let mut last = String::from("never answered");
         while tokio::time::Instant::now() < deadline {
-            let within = Duration::from_millis(500);
+            let per_try = Duration::from_millis(500);
             match self
-                .request(Method::GET, addr, "/health", None, None, within)
+                .request(Method::GET, addr, "/health", None, None, per_try)
                 .await
             {
                 Ok(_) => return Ok(()),
