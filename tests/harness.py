@@ -114,7 +114,8 @@ def host_leftovers(data_dir: Path):
 
 def use_server(srv: Server):
     """Points the e2b SDK (via its environment variables) at `srv`."""
-    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url)
+    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url,
+                      E2B_VOLUME_API_URL=srv.url)
     os.environ.pop("E2B_DEBUG", None)
 
 

@@ -11,3 +11,4 @@ pub mod ids;
 pub mod lifecycle;
 pub mod store;
 pub mod template;
+pub mod volumes;

@@ -12,8 +12,10 @@ use std::sync::Mutex;
 
 mod builds;
 mod tags;
+mod volumes;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
+pub use volumes::{valid_volume_name, VolumeRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -280,6 +282,7 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(builds::SCHEMA)?;
         conn.execute_batch(tags::SCHEMA)?;
+        conn.execute_batch(volumes::SCHEMA)?;
         for (table, column) in [
             ("sandboxes", "owner TEXT"),
             ("sandboxes", "egress TEXT NOT NULL DEFAULT '{}'"),

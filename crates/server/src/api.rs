@@ -51,6 +51,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .merge(crate::templates_api::routes())
         .merge(crate::metrics_api::routes())
         .merge(crate::logs_api::routes())
+        .merge(crate::volumes_api::routes())
         .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
 }
 

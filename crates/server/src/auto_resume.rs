@@ -5,8 +5,9 @@
 //! woken, as on E2B: it starts afresh, which a request in flight cannot expect.
 
 use crate::error::ApiError;
-use crate::proxy::{constant_time_eq, port_allowed, sandbox_not_found};
+use crate::proxy::{port_allowed, sandbox_not_found};
 use crate::AppState;
+use airlock_core::ids::constant_time_eq;
 use airlock_core::lifecycle::{LifecycleError, Sandbox};
 use airlock_core::store::{PauseMode, SandboxState};
 use airlock_wire::{ACCESS_TOKEN_HEADER, ENVD_PORT};

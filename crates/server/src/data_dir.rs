@@ -62,6 +62,9 @@ impl DataDir {
     pub fn templates(&self) -> &Path {
         &self.templates
     }
+    pub fn volumes(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
     pub fn gvisor(&self) -> PathBuf {
         self.root.join("gvisor")
     }

@@ -110,6 +110,28 @@ impl From<LifecycleError> for ApiError {
     }
 }
 
+impl From<airlock_core::volumes::VolumeError> for ApiError {
+    fn from(err: airlock_core::volumes::VolumeError) -> Self {
+        use airlock_core::volumes::VolumeError;
+        let status = match &err {
+            VolumeError::NotFound(_) | VolumeError::PathNotFound(_) => StatusCode::NOT_FOUND,
+            VolumeError::NameTaken(_) | VolumeError::Exists(_) => StatusCode::CONFLICT,
+            VolumeError::BadName(_) | VolumeError::BadPath(_) => StatusCode::BAD_REQUEST,
+            VolumeError::Unauthorized => StatusCode::UNAUTHORIZED,
+            VolumeError::Full(_) => StatusCode::INSUFFICIENT_STORAGE,
+            VolumeError::Store(_) | VolumeError::Io { .. } => {
+                // Names host paths: the log gets it, the client does not.
+                tracing::error!(error = %err, "a volume request failed");
+                return ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error; see the server log",
+                );
+            }
+        };
+        ApiError::new(status, err.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (

@@ -18,6 +18,7 @@ pub mod serve;
 pub mod template_info;
 pub mod template_tags;
 pub mod templates_api;
+pub mod volumes_api;
 
 use airlock_core::lifecycle::Lifecycle;
 use airlock_core::store::Store;
@@ -28,6 +29,7 @@ pub struct AppStateInner {
     pub lifecycle: Arc<Lifecycle>,
     pub builder: Arc<airlock_core::build::Builder>,
     pub store: Arc<Store>,
+    pub volumes: Arc<airlock_core::volumes::Volumes>,
     pub http: proxy::HttpClient,
     pub signers: proxy::Signers,
     /// `--domain`: what sandboxes' ports are named under (`{port}-{id}.{domain}`).

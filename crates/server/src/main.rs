@@ -125,6 +125,10 @@ enum Command {
         /// host's disk.
         #[arg(long, default_value_t = 2048, env = "AIRLOCK_BUILD_MIN_FREE_MB")]
         build_min_free_mb: u64,
+        /// MiB each new volume may hold (E2B's `Volume.create`). Writes through the volume
+        /// content API that would take a volume past it are refused with 507.
+        #[arg(long, default_value_t = 1024, env = "AIRLOCK_VOLUME_SIZE_MB")]
+        volume_size_mb: u64,
         /// Seconds one template build step (a RUN, a COPY, a layer of an image) may run before
         /// it is stopped and its build fails.
         #[arg(long, default_value_t = 1800, env = "AIRLOCK_BUILD_STEP_TIMEOUT")]
@@ -227,6 +231,7 @@ async fn run(cli: Cli) -> ExitCode {
             ready_timeout,
             insecure_registries,
             build_min_free_mb,
+            volume_size_mb,
             build_step_timeout,
             insecure_open_network,
             prepare_only,
@@ -238,6 +243,7 @@ async fn run(cli: Cli) -> ExitCode {
             agent_binary: agent_bin,
             insecure_registries,
             build_min_free_mb,
+            volume_size_mb,
             build_step_timeout: Duration::from_secs(build_step_timeout),
             insecure_open_network,
             prepare_only,

@@ -9,7 +9,7 @@
 //! hold that up. A new connection over the veth costs well under a millisecond.
 
 use crate::AppState;
-use airlock_core::ids::SandboxId;
+use airlock_core::ids::{constant_time_eq, SandboxId};
 use airlock_core::lifecycle::Sandbox;
 use airlock_core::store::SandboxRecord;
 use airlock_wire::api::SandboxNotFoundBody;
@@ -158,11 +158,6 @@ pub(crate) fn port_allowed(record: &SandboxRecord, headers: &HeaderMap) -> bool 
         return false;
     };
     constant_time_eq(given.as_bytes(), expected.as_bytes())
-}
-
-/// Compares secrets in time that does not depend on where they differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The answer E2B's proxy gives for a sandbox that does not exist (any more); the SDK turns it

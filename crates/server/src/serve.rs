@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub build_min_free_mb: u64,
     /// How long one build step may run.
     pub build_step_timeout: std::time::Duration,
+    /// What each new volume may hold.
+    pub volume_size_mb: u64,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
     /// Build the built-in templates and their golden images, then stop instead of serving.
@@ -235,9 +237,13 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
+    let volumes =
+        airlock_core::volumes::Volumes::new(store.clone(), &data.volumes(), opts.volume_size_mb)
+            .context("opening the volumes directory")?;
     let state: AppState = Arc::new(AppStateInner {
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
+        volumes: Arc::new(volumes),
         store,
         http,
         signers: proxy::Signers::default(),
@@ -248,6 +254,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .merge(api::routes(state.clone()))
         // Outside the API key: the link is its own authority (see `templates_api::upload`).
         .route("/uploads/{token}", put(crate::templates_api::upload))
+        // Outside the API key too: each volume's token is checked instead.
+        .merge(crate::volumes_api::content_routes())
         .fallback(|| async { crate::error::ApiError::not_found("no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(
             crate::error::MAX_API_BODY,
@@ -278,7 +286,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     }
     println!("Point the E2B SDK here with:");
     println!(
-        "  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}",
+        "  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_VOLUME_API_URL=http://{0}",
         opts.listen
     );
 

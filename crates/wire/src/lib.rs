@@ -12,6 +12,7 @@ pub mod json;
 pub mod logs;
 pub mod signed_url;
 pub mod templates;
+pub mod volumes;
 
 /// The envd version the agent reports. The SDK gates features on it (protocol doc §3.8); this is
 /// the highest version whose features the agent implements.

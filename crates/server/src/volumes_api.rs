@@ -1,0 +1,270 @@
+//! Volumes as E2B's SDK drives them (`Volume.create/list/get_info/destroy`, and the volume's
+//! file methods). Two APIs on one port:
+//! - `/volumes`, behind the API key: a key sees and deletes only its own volumes;
+//! - `/volumecontent/{id}/...`, behind the volume's own token (`Authorization: Bearer`), which
+//!   the SDK reaches through `E2B_VOLUME_API_URL`.
+
+use crate::api::Caller;
+use crate::error::{ApiError, JsonBody};
+use crate::AppState;
+use airlock_core::store::VolumeRecord;
+use airlock_core::volumes::{EntryKind, EntryStat, MetadataChange, VolumeTree};
+use airlock_wire::volumes::{
+    NewVolume, Volume, VolumeAndToken, VolumeEntryStat, VolumeMetadataPatch,
+};
+use axum::body::Body;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::SecondsFormat;
+use futures::StreamExt;
+use std::collections::HashMap;
+
+/// The control plane's routes (the caller's API key is checked before them).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/volumes", post(create).get(list))
+        .route("/volumes/{id}", get(info).delete(destroy))
+}
+
+/// The content API's routes, each authenticated by the volume's token.
+pub fn content_routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/volumecontent/{id}/path",
+            get(stat).delete(remove).patch(update),
+        )
+        .route("/volumecontent/{id}/dir", get(list_dir).post(make_dir))
+        .route("/volumecontent/{id}/file", get(read_file).put(write_file))
+}
+
+fn with_token(v: VolumeRecord) -> VolumeAndToken {
+    VolumeAndToken {
+        volume_id: v.id,
+        name: v.name,
+        token: v.token,
+    }
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<NewVolume>,
+) -> Result<(StatusCode, Json<VolumeAndToken>), ApiError> {
+    let now = chrono::Utc::now().timestamp();
+    let volume = state.volumes.create(&caller.0, &body.name, now)?;
+    tracing::info!(volume = %volume.id, name = %volume.name, "volume created");
+    Ok((StatusCode::CREATED, Json(with_token(volume))))
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<Volume>>, ApiError> {
+    let volumes = state.volumes.list(&caller.0)?;
+    Ok(Json(
+        volumes
+            .into_iter()
+            .map(|v| Volume {
+                volume_id: v.id,
+                name: v.name,
+            })
+            .collect(),
+    ))
+}
+
+async fn info(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<VolumeAndToken>, ApiError> {
+    Ok(Json(with_token(state.volumes.get(&caller.0, &id)?)))
+}
+
+async fn destroy(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.volumes.delete(&caller.0, &id)? {
+        tracing::info!(volume = %id, "volume deleted");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("volume '{id}' not found")))
+    }
+}
+
+/// The volume named by the path, for a request that carries its token.
+fn tree(state: &AppState, id: &str, headers: &HeaderMap) -> Result<VolumeTree, ApiError> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    Ok(state.volumes.open(id, token)?)
+}
+
+/// A content request's query: `path` is required; the rest are optional numbers and flags.
+struct ContentQuery(HashMap<String, String>);
+
+impl ContentQuery {
+    fn path(&self) -> Result<&str, ApiError> {
+        self.0
+            .get("path")
+            .map(String::as_str)
+            .ok_or_else(|| ApiError::bad_request("the query needs a path"))
+    }
+
+    fn number(&self, name: &str) -> Result<Option<u32>, ApiError> {
+        self.0
+            .get(name)
+            .map(|v| {
+                v.parse::<u32>().map_err(|_| {
+                    ApiError::bad_request(format!("{name} must be a whole number, not {v:?}"))
+                })
+            })
+            .transpose()
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, ApiError> {
+        match self.0.get(name).map(String::as_str) {
+            None | Some("false") => Ok(false),
+            Some("true") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "{name} must be true or false, not {other:?}"
+            ))),
+        }
+    }
+
+    fn change(&self) -> Result<MetadataChange, ApiError> {
+        Ok(MetadataChange {
+            uid: self.number("uid")?,
+            gid: self.number("gid")?,
+            mode: self.number("mode")?,
+        })
+    }
+}
+
+fn shown(e: EntryStat) -> VolumeEntryStat {
+    let time = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(SecondsFormat::Nanos, true);
+    VolumeEntryStat {
+        name: e.name,
+        kind: match e.kind {
+            EntryKind::File => "file",
+            EntryKind::Directory => "directory",
+            EntryKind::Symlink => "symlink",
+            EntryKind::Other => "unknown",
+        },
+        path: e.path,
+        size: e.size,
+        mode: e.mode,
+        uid: e.uid,
+        gid: e.gid,
+        atime: time(e.atime),
+        mtime: time(e.mtime),
+        ctime: time(e.ctime),
+        target: e.target,
+    }
+}
+
+async fn stat(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<VolumeEntryStat>, ApiError> {
+    let query = ContentQuery(query);
+    Ok(Json(shown(
+        tree(&state, &id, &headers)?.stat(query.path()?)?,
+    )))
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<StatusCode, ApiError> {
+    let query = ContentQuery(query);
+    tree(&state, &id, &headers)?.remove(query.path()?)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    JsonBody(patch): JsonBody<VolumeMetadataPatch>,
+) -> Result<Json<VolumeEntryStat>, ApiError> {
+    let query = ContentQuery(query);
+    let change = MetadataChange {
+        uid: patch.uid,
+        gid: patch.gid,
+        mode: patch.mode,
+    };
+    let tree = tree(&state, &id, &headers)?;
+    Ok(Json(shown(tree.update(query.path()?, &change)?)))
+}
+
+async fn list_dir(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Vec<VolumeEntryStat>>, ApiError> {
+    let query = ContentQuery(query);
+    let depth = query.number("depth")?.unwrap_or(1);
+    let tree = tree(&state, &id, &headers)?;
+    let entries = tree.list(query.path()?, depth)?;
+    Ok(Json(entries.into_iter().map(shown).collect()))
+}
+
+async fn make_dir(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<(StatusCode, Json<VolumeEntryStat>), ApiError> {
+    let query = ContentQuery(query);
+    let tree = tree(&state, &id, &headers)?;
+    let made = tree.make_dir(query.path()?, &query.change()?, query.flag("force")?)?;
+    Ok((StatusCode::CREATED, Json(shown(made))))
+}
+
+async fn read_file(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let query = ContentQuery(query);
+    let file = tree(&state, &id, &headers)?.read(query.path()?)?;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Writes the body to the file, whole or not at all: a body that breaks off or does not fit
+/// the volume leaves what was there before.
+async fn write_file(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    body: Body,
+) -> Result<(StatusCode, Json<VolumeEntryStat>), ApiError> {
+    let query = ContentQuery(query);
+    let tree = tree(&state, &id, &headers)?;
+    let mut file = tree.new_file(query.path()?, &query.change()?, query.flag("force")?)?;
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+        file.write(&chunk)?;
+    }
+    Ok((StatusCode::CREATED, Json(shown(file.commit()?))))
+}
