@@ -6,7 +6,7 @@ import os
 import uuid
 
 import pytest
-from e2b import Volume
+from e2b import CommandExitException, Sandbox, Volume
 from e2b.exceptions import NotFoundException
 
 
@@ -161,16 +161,28 @@ def test_symlinks_cannot_lead_out_of_the_volume(server, volume):
         secret.unlink()
 
 
-def test_a_write_that_does_not_fit_is_refused_and_loses_nothing(server, restarted):
-    restarted("--volume-size-mb", "2")
+def test_the_size_limit_holds_for_uploads_and_for_sandboxes(server, restarted):
+    restarted("--volume-size-mb", "8")
     vol = Volume.create(volume_name())
     try:
         vol.write_file("keep.bin", b"k" * (1024 * 1024))
         status, body = server.api("PUT", f"/volumecontent/{vol.volume_id}/file?path=keep.bin",
-                                  key=None, raw=b"x" * (3 * 1024 * 1024),
+                                  key=None, raw=b"x" * (12 * 1024 * 1024),
                                   headers={"Authorization": f"Bearer {vol.token}"})
-        assert status == 507 and "2 MB" in body["message"], body
+        assert status == 507 and "8 MB" in body["message"], body
         assert vol.read_file("keep.bin", format="bytes") == b"k" * (1024 * 1024)
         assert [e.path for e in vol.list("/")] == ["/keep.bin"], "no partial upload is left"
+
+        # A sandbox that mounts it is held to the same size.
+        sbx = Sandbox.create("base", volume_mounts={"/mnt/v": vol})
+        try:
+            out = sbx.commands.run("dd if=/dev/zero of=/mnt/v/fill bs=1M count=20",
+                                   timeout=120)
+        except CommandExitException as e:
+            out = e
+        assert out.exit_code != 0 and "No space left on device" in out.stderr, out.stderr
+        assert sbx.commands.run("echo still-here").stdout == "still-here\n"
+        sbx.kill()
+        assert vol.read_file("keep.bin", format="bytes") == b"k" * (1024 * 1024)
     finally:
         Volume.destroy(vol.volume_id)

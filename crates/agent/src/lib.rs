@@ -23,4 +23,5 @@ pub mod rpc;
 pub mod state;
 pub mod sudo;
 pub mod users;
+pub mod volumes;
 pub mod watch;

@@ -20,6 +20,8 @@ pub struct SandboxConfig {
     pub traffic_access_token: Option<String>,
     pub default_user: String,
     pub default_workdir: Option<String>,
+    /// The paths its volumes are bound at.
+    pub volume_mounts: Vec<String>,
 }
 
 impl Default for SandboxConfig {
@@ -30,6 +32,7 @@ impl Default for SandboxConfig {
             traffic_access_token: None,
             default_user: "user".into(),
             default_workdir: None,
+            volume_mounts: Vec::new(),
         }
     }
 }
@@ -98,6 +101,8 @@ impl Agent {
         }
         // Held across the rename so concurrent inits cannot both count one change.
         let mut cfg = self.config.write().unwrap_or_else(|e| e.into_inner());
+        let bound = crate::volumes::bind_all(&init.volume_mounts, &cfg.volume_mounts)?;
+        cfg.volume_mounts.extend(bound);
         if let Some(name) = &init.hostname {
             let current = nix::unistd::gethostname()
                 .map_err(|e| RpcError::internal(format!("reading the hostname: {e}")))?;

@@ -6,7 +6,7 @@
 use crate::egress::Egress;
 use crate::ids::SandboxId;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use airlock_wire::AGENT_PATH;
 
@@ -20,6 +20,10 @@ pub struct LaunchSpec {
     /// Outbound network policy, in force before the sandbox's first instruction.
     pub egress: Egress,
     pub writes: RootfsWrites,
+    /// Volume directories (see [`Driver::create_volume`]) the sandbox sees at
+    /// `VOLUMES_DIR/{i}`, in this order. Its agent binds them where the user asked; the binds
+    /// are in its checkpoints, so a restore needs the same volumes in the same order.
+    pub volumes: Vec<PathBuf>,
 }
 
 /// Where a sandbox's writes to its root filesystem go.
@@ -144,6 +148,20 @@ pub trait Driver: Send + Sync + 'static {
     /// The networks no sandbox may reach, whatever its policy: the platform's ranges and the
     /// host's own. A template build's image pull may not reach them either.
     fn unreachable(&self) -> Vec<crate::egress::Ipv4Net>;
+
+    /// Makes the empty directory `dir` a volume's storage, holding at most `size_mb`: writes
+    /// past that fail with `ENOSPC`, from a sandbox as from the host.
+    async fn create_volume(&self, dir: &Path, size_mb: u64) -> Result<(), DriverError>;
+
+    /// Makes the volume at `dir` usable again after a restart; does nothing if it is.
+    async fn open_volume(&self, dir: &Path) -> Result<(), DriverError>;
+
+    /// Gives back what [`Driver::open_volume`] took from the host (at a clean shutdown); the
+    /// files stay. No sandbox may be using it.
+    async fn close_volume(&self, dir: &Path) -> Result<(), DriverError>;
+
+    /// Removes the volume at `dir` and every file in it. No sandbox may be using it.
+    async fn delete_volume(&self, dir: &Path) -> Result<(), DriverError>;
 
     /// Gives back to the host what the driver changed for sandboxes, once none runs any more
     /// (a clean shutdown).

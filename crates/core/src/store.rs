@@ -15,7 +15,7 @@ mod tags;
 mod volumes;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
-pub use volumes::{valid_volume_name, VolumeRecord};
+pub use volumes::{valid_volume_name, VolumeMount, VolumeRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -111,6 +111,8 @@ pub struct SandboxRecord {
     pub owner: Option<String>,
     /// Its outbound network policy.
     pub egress: Egress,
+    /// Its volumes, in the order the driver hands them to it.
+    pub volume_mounts: Vec<VolumeMount>,
     /// What the SDK must send in `E2B-Traffic-Access-Token` to reach the code interpreter's
     /// context routes, and every user port when `require_traffic_token` is set.
     pub traffic_access_token: Option<String>,
@@ -205,6 +207,8 @@ pub struct SnapshotRecord {
     pub owner: String,
     /// The disk its image takes.
     pub size_bytes: u64,
+    /// The source's volumes: the image holds where they are bound, not their files.
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 pub struct Store {
@@ -302,6 +306,8 @@ impl Store {
             ("templates", "layers TEXT NOT NULL DEFAULT '[]'"),
             ("templates", "defaults TEXT"),
             ("template_builds", "tags TEXT NOT NULL DEFAULT '[]'"),
+            ("sandboxes", "volume_mounts TEXT NOT NULL DEFAULT '[]'"),
+            ("snapshots", "volume_mounts TEXT NOT NULL DEFAULT '[]'"),
         ] {
             add_column_if_missing(&conn, table, column)?;
         }
@@ -322,9 +328,9 @@ impl Store {
             "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
              env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
              auto_resume, owner, egress, traffic_access_token, require_traffic_token,
-             timeout_pause, pause_mode)
+             timeout_pause, pause_mode, volume_mounts)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-             ?18, ?19, ?20, ?21)",
+             ?18, ?19, ?20, ?21, ?22)",
             params![
                 r.id.as_str(),
                 r.template.as_str(),
@@ -347,6 +353,7 @@ impl Store {
                 r.require_traffic_token,
                 r.timeout_pause.as_str(),
                 r.pause_mode.map(PauseMode::as_str),
+                serde_json::to_string(&r.volume_mounts).expect("mounts serialize"),
             ],
         )?;
         Ok(())
@@ -413,7 +420,7 @@ impl Store {
             "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
              started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume,
              owner, egress, traffic_access_token, require_traffic_token, timeout_pause,
-             pause_mode FROM sandboxes ORDER BY started_at, id",
+             pause_mode, volume_mounts FROM sandboxes ORDER BY started_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -455,6 +462,8 @@ impl Store {
                         ),
                         None => None,
                     },
+                    volume_mounts: serde_json::from_str(&text(21)?)
+                        .map_err(|_| StoreError::Corrupt(id.clone()))?,
                 })
             })())
         })?;
@@ -476,8 +485,8 @@ impl Store {
     pub fn insert_snapshot(&self, s: &SnapshotRecord) -> Result<(), StoreError> {
         self.conn().execute(
             "INSERT OR REPLACE INTO snapshots (id, image, template, rootfs, source_sandbox,
-             access_token, created_at, owner, size_bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+             access_token, created_at, owner, size_bytes, volume_mounts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 s.id.as_str(),
                 s.image,
@@ -487,7 +496,8 @@ impl Store {
                 s.access_token,
                 s.created_at,
                 s.owner,
-                s.size_bytes as i64
+                s.size_bytes as i64,
+                serde_json::to_string(&s.volume_mounts).expect("mounts serialize"),
             ],
         )?;
         Ok(())
@@ -497,7 +507,7 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT id, image, template, rootfs, source_sandbox, access_token, created_at, owner,
-             size_bytes FROM snapshots ORDER BY created_at, id",
+             size_bytes, volume_mounts FROM snapshots ORDER BY created_at, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -513,6 +523,8 @@ impl Store {
                     created_at: row.get(6)?,
                     owner: row.get(7)?,
                     size_bytes: row.get::<_, i64>(8)?.max(0) as u64,
+                    volume_mounts: serde_json::from_str(&row.get::<_, String>(9)?)
+                        .map_err(|_| StoreError::Corrupt(id.clone()))?,
                 })
             })())
         })?;
@@ -828,6 +840,11 @@ mod tests {
             egress: Egress::from_request(Some(false), &["1.1.1.1".into()], &[]).unwrap(),
             traffic_access_token: Some("traffic".into()),
             require_traffic_token: true,
+            volume_mounts: vec![VolumeMount {
+                volume_id: "v1".into(),
+                name: "data".into(),
+                path: "/mnt/data".into(),
+            }],
         }
     }
 
@@ -931,6 +948,7 @@ mod tests {
             created_at: 3,
             owner: "k1".into(),
             size_bytes: 4096,
+            volume_mounts: Vec::new(),
         };
         store.insert_snapshot(&snap).unwrap();
         // Another key's snapshot of the same name lives beside it, and neither sees the other.

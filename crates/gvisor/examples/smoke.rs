@@ -104,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
             },
             egress: Egress::default(),
             writes: RootfsWrites::Private,
+            volumes: Vec::new(),
         };
         let t = Instant::now();
         let placement = driver.launch(&spec).await?;
@@ -166,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
         },
         egress: Egress::default(),
         writes: RootfsWrites::Private,
+        volumes: Vec::new(),
     };
     let t = Instant::now();
     match driver.launch(&bad).await {

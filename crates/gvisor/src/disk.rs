@@ -6,28 +6,47 @@
 //! the size fail inside the sandbox with `ENOSPC`; the host disk only ever holds what was
 //! written; and the file goes with the bundle. It costs about 30 ms per start (mkfs and mount).
 //! No journal: the layer never outlives its sandbox, so there is nothing to recover.
+//!
+//! A volume is held the same way, with a journal: it outlives sandboxes and servers.
 
 use crate::host_cmd;
 use airlock_core::driver::DriverError;
 use std::path::Path;
 use tokio::process::Command;
 
+/// Whether a filesystem made by [`mount_limited`] outlives what uses it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifetime {
+    /// Gone with its sandbox: no journal.
+    Sandbox,
+    /// Kept across crashes: journalled.
+    Kept,
+}
+
 /// Makes `dir` a fresh filesystem of `size_mb`, backed by the sparse file `image`.
 pub(crate) async fn mount_limited(
     image: &Path,
     dir: &Path,
-    size_mb: u32,
+    size_mb: u64,
+    lifetime: Lifetime,
 ) -> Result<(), DriverError> {
     let file = std::fs::File::create(image)
         .map_err(DriverError::io(format!("creating {}", image.display())))?;
-    file.set_len(u64::from(size_mb) << 20)
+    file.set_len(size_mb << 20)
         .map_err(DriverError::io(format!("sizing {}", image.display())))?;
     drop(file);
     let mut mkfs = Command::new("mkfs.ext4");
-    mkfs.args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
-        .args(["-E", "lazy_itable_init=1,nodiscard"])
-        .arg(image);
+    mkfs.args(["-q", "-F", "-m", "0"]);
+    if lifetime == Lifetime::Sandbox {
+        mkfs.args(["-O", "^has_journal"]);
+    }
+    mkfs.args(["-E", "lazy_itable_init=1,nodiscard"]).arg(image);
     host_cmd::run("mkfs.ext4", mkfs, None).await?;
+    mount_existing(image, dir).await
+}
+
+/// Mounts the filesystem in `image` (made by [`mount_limited`]) at `dir`.
+pub(crate) async fn mount_existing(image: &Path, dir: &Path) -> Result<(), DriverError> {
     let mut mount = Command::new("mount");
     mount
         .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
@@ -47,11 +66,19 @@ pub(crate) fn unmount(dir: &Path) -> Result<(), DriverError> {
     }
 }
 
+/// Whether `dir` is the root of a filesystem other than its parent's.
+pub(crate) fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    match (dev(dir), dir.parent().and_then(dev)) {
+        (Some(own), Some(parent)) => own != parent,
+        _ => false,
+    }
+}
+
 /// Bytes in use on `dir`'s own filesystem, or `None` if `dir` is not a mount point.
 pub(crate) fn used(dir: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let parent = dir.parent()?;
-    if std::fs::metadata(dir).ok()?.dev() == std::fs::metadata(parent).ok()?.dev() {
+    if !is_mount_point(dir) {
         return None;
     }
     let stat = nix::sys::statvfs::statvfs(dir).ok()?;

@@ -47,6 +47,7 @@ mod host_cmd;
 mod network;
 mod oci;
 mod runsc;
+mod volumes;
 
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
 use airlock_core::egress::Egress;
@@ -271,9 +272,15 @@ impl GvisorDriver {
             disk::mount_limited(
                 &bundle.join("disk.img"),
                 &overlay_dir,
-                spec.resources.disk_mb,
+                spec.resources.disk_mb.into(),
+                disk::Lifetime::Sandbox,
             )
             .await?;
+        }
+        // Every sandbox that can be checkpointed has the hub, even with no volumes.
+        let hub = bundle.join("airlock");
+        if private_layer {
+            volumes::attach(&hub, &spec.volumes)?;
         }
 
         let hosts = bundle.join("hosts");
@@ -294,6 +301,10 @@ impl GvisorDriver {
             cpu_count: spec.resources.cpu_count,
             memory_mb: spec.resources.memory_mb,
             tmp_dir: build_tmp.as_deref(),
+            volumes_hub: match private_layer {
+                true => Some(utf8("volumes hub", &hub)?),
+                false => None,
+            },
         });
         write(&bundle.join("config.json"), config.to_string())?;
 
@@ -327,8 +338,13 @@ impl GvisorDriver {
         let mut result = self.runsc.delete(id).await;
         let bundle = self.bundle_dir(id);
         result = result.and(disk::unmount(&bundle.join("overlay")));
+        let volumes = volumes::detach(&bundle.join("airlock"));
         result = result.and(self.network.detach(id, slot).await);
         result = result.and(cgroup::remove(id));
+        if let Err(e) = volumes {
+            // A volume may still be bound in the bundle: deleting it would delete its files.
+            return result.and(Err(e));
+        }
         match std::fs::remove_dir_all(&bundle) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 result = result.and(Err(DriverError::io(format!(
@@ -522,6 +538,22 @@ impl Driver for GvisorDriver {
 
     fn unreachable(&self) -> Vec<airlock_core::egress::Ipv4Net> {
         self.network.unreachable().to_vec()
+    }
+
+    async fn create_volume(&self, dir: &Path, size_mb: u64) -> Result<(), DriverError> {
+        volumes::create(dir, size_mb).await
+    }
+
+    async fn open_volume(&self, dir: &Path) -> Result<(), DriverError> {
+        volumes::open(dir).await
+    }
+
+    async fn close_volume(&self, dir: &Path) -> Result<(), DriverError> {
+        disk::unmount(dir)
+    }
+
+    async fn delete_volume(&self, dir: &Path) -> Result<(), DriverError> {
+        volumes::delete(dir)
     }
 
     async fn shutdown(&self) {

@@ -2,6 +2,8 @@
 
 use serde_json::{json, Value};
 
+/// The agent's directory: the volumes hub is mounted there.
+const AGENT_DIR: &str = "/opt/airlock";
 /// Where the agent binary appears inside every sandbox (bind-mounted read-only from the host).
 pub use airlock_core::driver::AGENT_PATH;
 
@@ -56,38 +58,47 @@ pub(crate) struct SpecParams<'a> {
     /// A host directory to bind at `/tmp`. runsc covers an empty `/tmp` with a tmpfs, which a
     /// template build's step must not get: what it leaves in `/tmp` belongs in its layer.
     pub tmp_dir: Option<&'a str>,
+    /// The host directory bound (recursively) at [`AGENT_DIR`], the agent's mount and the
+    /// volumes in it: see [`crate::volumes`].
+    pub volumes_hub: Option<&'a str>,
 }
 
 pub(crate) fn spec(p: &SpecParams<'_>) -> Value {
-    let mut mounts = json!([
-        { "destination": "/proc", "type": "proc", "source": "proc" },
-        {
+    let mut mounts = vec![
+        json!({ "destination": "/proc", "type": "proc", "source": "proc" }),
+        json!({
             "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
-        },
-        {
+        }),
+        json!({
             "destination": "/dev/pts", "type": "devpts", "source": "devpts",
             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
-        },
-        {
+        }),
+        json!({
             "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-        },
-        {
+        }),
+        json!({
             "destination": "/sys", "type": "sysfs", "source": "sysfs",
             "options": ["nosuid", "noexec", "nodev", "ro"],
-        },
-        {
-            "destination": AGENT_PATH, "type": "bind", "source": p.agent_binary,
-            "options": ["bind", "ro"],
-        },
-        {
-            "destination": "/etc/hosts", "type": "bind", "source": p.hosts_file,
-            "options": ["bind", "ro"],
-        },
-    ]);
-    if let (Some(tmp), Some(list)) = (p.tmp_dir, mounts.as_array_mut()) {
-        list.push(json!({
+        }),
+    ];
+    // Before the agent's mount, which is made inside it (mounts are made in order).
+    if let Some(hub) = p.volumes_hub {
+        mounts.push(json!({
+            "destination": AGENT_DIR, "type": "bind", "source": hub, "options": ["rbind", "rw"],
+        }));
+    }
+    mounts.push(json!({
+        "destination": AGENT_PATH, "type": "bind", "source": p.agent_binary,
+        "options": ["bind", "ro"],
+    }));
+    mounts.push(json!({
+        "destination": "/etc/hosts", "type": "bind", "source": p.hosts_file,
+        "options": ["bind", "ro"],
+    }));
+    if let Some(tmp) = p.tmp_dir {
+        mounts.push(json!({
             "destination": "/tmp", "type": "bind", "source": tmp, "options": ["bind", "rw"],
         }));
     }
@@ -165,6 +176,7 @@ mod tests {
             cpu_count: 2,
             memory_mb: 512,
             tmp_dir: None,
+            volumes_hub: Some("/s/bundles/abc/airlock"),
         }
     }
 
@@ -202,6 +214,17 @@ mod tests {
         assert_eq!(agent["source"], "/usr/lib/airlock/airlock-agent");
         assert!(agent["options"].as_array().unwrap().contains(&json!("ro")));
         assert_eq!(s["process"]["args"], json!([AGENT_PATH]));
+        let order: Vec<&str> = s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        let at = |d: &str| order.iter().position(|m| *m == d).unwrap();
+        assert!(
+            at(AGENT_DIR) < at(AGENT_PATH),
+            "the agent's mount is made in the hub"
+        );
         assert_eq!(s["linux"]["resources"]["memory"]["limit"], 512u64 << 20);
         assert_eq!(s["linux"]["resources"]["cpu"]["quota"], 200_000);
         assert_eq!(s["linux"]["resources"]["pids"]["limit"], HOST_TASKS);

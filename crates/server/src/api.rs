@@ -7,10 +7,11 @@ use airlock_core::lifecycle::{CreateParams, LifecycleError};
 use airlock_core::store::{
     PauseMode, SandboxRecord, SandboxState as StoredState, SnapshotRecord, Store,
 };
+use airlock_core::volumes::MountRequest;
 use airlock_wire::api::{
     ErrorBody, ForkRequest, ForkResult, NetworkConfig, NetworkUpdate, NewSandbox, PauseBody,
     Sandbox, SandboxDetail, SandboxLifecycle, SandboxState, SnapshotInfo, SnapshotRequest,
-    TimeoutBody,
+    TimeoutBody, VolumeMountBody,
 };
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Extension, FromRequestParts, Path, Query, Request, State};
@@ -197,6 +198,15 @@ async fn create(
             disk_mb: body.disk_size_mb,
             egress,
             require_traffic_token: !allow_public_traffic,
+            volume_mounts: body
+                .volume_mounts
+                .unwrap_or_default()
+                .into_iter()
+                .map(|m| MountRequest {
+                    name: m.name,
+                    path: m.path,
+                })
+                .collect(),
         })
         .await?;
     Ok((
@@ -283,6 +293,14 @@ fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> Sandbox
         }),
         network: Some(network_body(r)),
         pause_mode: r.pause_mode.map(|m| m.as_str().to_owned()),
+        volume_mounts: r
+            .volume_mounts
+            .iter()
+            .map(|m| VolumeMountBody {
+                name: m.name.clone(),
+                path: m.path.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -59,6 +59,10 @@ impl From<airlock_core::build::uploads::UploadError> for ApiError {
 
 impl From<LifecycleError> for ApiError {
     fn from(err: LifecycleError) -> Self {
+        let err = match err {
+            LifecycleError::Volume(err) => return err.into(),
+            other => other,
+        };
         let status = match &err {
             LifecycleError::TemplateNotFound(_) | LifecycleError::SandboxNotFound(_) => {
                 StatusCode::NOT_FOUND
@@ -88,6 +92,7 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::Driver(_) | LifecycleError::Agent(_) | LifecycleError::Store(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            LifecycleError::Volume(_) => unreachable!("answered above"),
         };
         if status.is_server_error() {
             // The full cause chain (which may name host paths) goes to the log, not the client.
@@ -115,11 +120,13 @@ impl From<airlock_core::volumes::VolumeError> for ApiError {
         use airlock_core::volumes::VolumeError;
         let status = match &err {
             VolumeError::NotFound(_) | VolumeError::PathNotFound(_) => StatusCode::NOT_FOUND,
-            VolumeError::NameTaken(_) | VolumeError::Exists(_) => StatusCode::CONFLICT,
+            VolumeError::NameTaken(_) | VolumeError::Exists(_) | VolumeError::InUse { .. } => {
+                StatusCode::CONFLICT
+            }
             VolumeError::BadName(_) | VolumeError::BadPath(_) => StatusCode::BAD_REQUEST,
             VolumeError::Unauthorized => StatusCode::UNAUTHORIZED,
             VolumeError::Full(_) => StatusCode::INSUFFICIENT_STORAGE,
-            VolumeError::Store(_) | VolumeError::Io { .. } => {
+            VolumeError::Store(_) | VolumeError::Io { .. } | VolumeError::Driver(_) => {
                 // Names host paths: the log gets it, the client does not.
                 tracing::error!(error = %err, "a volume request failed");
                 return ApiError::new(

@@ -189,7 +189,24 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     );
     let http = proxy::http_client();
     let agent = Arc::new(HttpAgentClient { http: http.clone() });
-    let lifecycle = Lifecycle::new(store.clone(), driver.clone(), agent.clone(), opts.limits);
+    let volumes = Arc::new(
+        airlock_core::volumes::Volumes::new(
+            store.clone(),
+            driver.clone(),
+            &data.volumes(),
+            opts.volume_size_mb,
+        )
+        .context("opening the volumes directory")?,
+    );
+    // Before sandboxes are adopted or resumed: they may mount them.
+    volumes.open_all().await.context("mounting the volumes")?;
+    let lifecycle = Lifecycle::new(
+        store.clone(),
+        driver.clone(),
+        agent.clone(),
+        opts.limits,
+        volumes.clone(),
+    );
     let builder = Builder::new(
         store.clone(),
         driver,
@@ -228,6 +245,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         // Nothing was served: stop as at a signal.
         lifecycle.shutdown().await;
         builder.unmount_templates().await;
+        volumes.close_all().await;
         return built.map(|()| {
             println!("The built-in templates are ready; not serving (--prepare-only)");
         });
@@ -237,13 +255,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
-    let volumes =
-        airlock_core::volumes::Volumes::new(store.clone(), &data.volumes(), opts.volume_size_mb)
-            .context("opening the volumes directory")?;
     let state: AppState = Arc::new(AppStateInner {
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
-        volumes: Arc::new(volumes),
+        volumes: volumes.clone(),
         store,
         http,
         signers: proxy::Signers::default(),
@@ -301,6 +316,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             lifecycle.shutdown().await;
             // No sandbox uses a template's mount any more; the next start mounts them again.
             builder.unmount_templates().await;
+            volumes.close_all().await;
         };
         if tokio::time::timeout(Duration::from_secs(60), drained)
             .await

@@ -54,7 +54,7 @@ async fn create(
     JsonBody(body): JsonBody<NewVolume>,
 ) -> Result<(StatusCode, Json<VolumeAndToken>), ApiError> {
     let now = chrono::Utc::now().timestamp();
-    let volume = state.volumes.create(&caller.0, &body.name, now)?;
+    let volume = state.volumes.create(&caller.0, &body.name, now).await?;
     tracing::info!(volume = %volume.id, name = %volume.name, "volume created");
     Ok((StatusCode::CREATED, Json(with_token(volume))))
 }
@@ -88,7 +88,7 @@ async fn destroy(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.volumes.delete(&caller.0, &id)? {
+    if state.lifecycle.delete_volume(&caller.0, &id).await? {
         tracing::info!(volume = %id, "volume deleted");
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -264,7 +264,21 @@ async fn write_file(
     let mut chunks = body.into_data_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
-        file.write(&chunk)?;
+        if let Err(e) = file.write(&chunk) {
+            // A client that sends its whole body before it reads the answer would otherwise
+            // see the connection reset instead of why (a full volume).
+            let mut unread = UNREAD_BODY_LIMIT;
+            while let Some(Ok(chunk)) = chunks.next().await {
+                unread = unread.saturating_sub(chunk.len());
+                if unread == 0 {
+                    break;
+                }
+            }
+            return Err(e.into());
+        }
     }
     Ok((StatusCode::CREATED, Json(shown(file.commit()?))))
 }
+
+/// How much of a refused upload's body is still read (and dropped) before the answer.
+const UNREAD_BODY_LIMIT: usize = 256 << 20;

@@ -41,6 +41,9 @@ pub struct NewSandbox {
     pub memory_mb: Option<u32>,
     #[serde(default, rename = "diskSizeMB")]
     pub disk_size_mb: Option<u32>,
+    /// The caller's volumes to mount, by name.
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<VolumeMountBody>>,
 }
 
 /// `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`): replaces every rule;
@@ -201,6 +204,15 @@ pub struct SandboxDetail {
     pub pause_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMountBody>,
+}
+
+/// A volume seen by a sandbox (E2B's `SandboxVolumeMount`): the volume's name, and where.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeMountBody {
+    pub name: String,
+    pub path: String,
 }
 
 /// E2B's error body. Both fields are required by the SDK's parser.

@@ -342,6 +342,10 @@ pub struct InitRequest {
     /// the one that was checkpointed; the agent renames it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// Where to bind each of the sandbox's volumes (see [`crate::VOLUMES_DIR`]); only a create
+    /// sends them, and a path bound already is left as it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<String>,
 }
 
 /// One entry of the `POST /files` response.

@@ -24,6 +24,13 @@ pub const ENVD_PORT: u16 = 49983;
 /// Where every driver puts the agent inside a sandbox: a build step can run it as a tool too,
 /// and templates link `/usr/bin/sudo` to it.
 pub const AGENT_PATH: &str = "/opt/airlock/airlock-agent";
+
+/// Where a sandbox sees the volumes it was created with, before the agent binds each at its
+/// mount path: the `i`-th of [`envd::InitRequest::volume_mounts`] is `{VOLUMES_DIR}/{i}`.
+pub const VOLUMES_DIR: &str = "/opt/airlock/volumes";
+
+/// The most volumes one sandbox may mount.
+pub const MAX_VOLUME_MOUNTS: usize = 8;
 /// Port of the code interpreter (E2B's Jupyter server) inside a sandbox.
 pub const CODE_INTERPRETER_PORT: u16 = 49999;
 

@@ -418,6 +418,7 @@ impl Builder {
             // A step reaches what the server's sandboxes reach by default.
             egress: Egress::default(),
             writes: RootfsWrites::Through,
+            volumes: Vec::new(),
         };
         let placement = self
             .driver

@@ -147,6 +147,7 @@ impl Lifecycle {
             resources: record.resources,
             egress: record.egress.clone(),
             writes: RootfsWrites::Private,
+            volumes: self.launch_of(&record).volumes,
         };
         let image = paused_image(&record.id);
         if !self.driver.has_image(&image) {
@@ -300,6 +301,7 @@ impl Lifecycle {
                 access_token: record.access_token.clone(),
                 created_at: now_unix(),
                 owner,
+                volume_mounts: record.volume_mounts.clone(),
             };
             self.store.insert_snapshot(&snapshot)?;
             Ok(snapshot)
@@ -374,6 +376,8 @@ impl Lifecycle {
                     disk_mb: Some(source.resources.disk_mb),
                     egress: source.egress.clone(),
                     require_traffic_token: source.require_traffic_token,
+                    // The snapshot's.
+                    volume_mounts: Vec::new(),
                 })
                 .await,
             );

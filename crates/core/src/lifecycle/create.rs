@@ -31,6 +31,15 @@ pub(super) struct Started {
     pub image: Option<String>,
 }
 
+/// How a sandbox is started: what it may use, may reach and mounts.
+#[derive(Clone)]
+pub(super) struct Launch {
+    pub resources: Resources,
+    pub egress: Egress,
+    /// Its volumes' directories (see [`LaunchSpec::volumes`]).
+    pub volumes: Vec<PathBuf>,
+}
+
 /// What a create starts from.
 enum Source {
     Template(TemplateRecord),
@@ -52,9 +61,26 @@ impl Lifecycle {
             }
             .ok_or_else(|| LifecycleError::TemplateNotFound(params.template.clone()))?,
         };
-        // Pooled sandboxes have the default resources; a policy is applied as they are claimed.
+        let volume_mounts = match &source {
+            Source::Template(_) => self.volumes.resolve(owner, &params.volume_mounts)?,
+            Source::Snapshot(s) if params.volume_mounts.is_empty() => {
+                self.volumes.check_still_there(owner, &s.volume_mounts)?;
+                s.volume_mounts.clone()
+            }
+            Source::Snapshot(s) => {
+                return Err(LifecycleError::BadRequest(format!(
+                    "a sandbox started from snapshot '{}' mounts the snapshot's volumes; leave \
+                     out volumeMounts",
+                    s.id
+                )))
+            }
+        };
+        // Pooled sandboxes have the default resources and no volumes; a policy is applied as
+        // they are claimed.
         let pooled = match &source {
-            Source::Template(t) if resources == self.limits.default_resources => {
+            Source::Template(t)
+                if resources == self.limits.default_resources && volume_mounts.is_empty() =>
+            {
                 self.take_pooled(t)
             }
             _ => None,
@@ -72,6 +98,7 @@ impl Lifecycle {
             Source::Snapshot(s) => s.id.clone(),
         };
         let mut record = new_record(id.clone(), name, rootfs, resources, timeout, params);
+        record.volume_mounts = volume_mounts;
         // The template's env vars, under the create's own.
         let mut env = defaults.env.clone();
         env.append(&mut record.env_vars);
@@ -91,8 +118,7 @@ impl Lifecycle {
             (None, Source::Template(template)) => self.boot_or_restore(&sandbox, &template).await,
             (None, Source::Snapshot(snapshot)) => {
                 // The snapshot's processes run as soon as it is restored: the policy goes first.
-                let record = sandbox.record();
-                let launch = (record.resources, record.egress.clone());
+                let launch = self.launch_of(&sandbox.record());
                 let started = self
                     .start(&id, &snapshot.rootfs, Some(&snapshot.image), launch)
                     .await;
@@ -130,8 +156,7 @@ impl Lifecycle {
         sandbox: &Sandbox,
         template: &TemplateRecord,
     ) -> Result<Started, LifecycleError> {
-        let record = sandbox.record();
-        let launch = (record.resources, record.egress.clone());
+        let launch = self.launch_of(&sandbox.record());
         let golden = self.golden_image(template);
         if self.driver.has_image(&golden) {
             match self
@@ -194,20 +219,34 @@ impl Lifecycle {
         })
     }
 
+    /// How the sandbox of `record` starts (and resumes).
+    pub(super) fn launch_of(&self, record: &SandboxRecord) -> Launch {
+        Launch {
+            resources: record.resources,
+            egress: record.egress.clone(),
+            volumes: record
+                .volume_mounts
+                .iter()
+                .map(|m| self.volumes.dir(&m.volume_id))
+                .collect(),
+        }
+    }
+
     /// Boots a sandbox with this id, or restores it from `image`, and waits for its agent.
     pub(super) async fn start(
         &self,
         id: &SandboxId,
         rootfs: &Path,
         image: Option<&str>,
-        (resources, egress): (Resources, Egress),
+        launch: Launch,
     ) -> Result<Started, LifecycleError> {
         let spec = LaunchSpec {
             id: id.clone(),
             rootfs: rootfs.to_owned(),
-            resources,
-            egress,
+            resources: launch.resources,
+            egress: launch.egress,
             writes: RootfsWrites::Private,
+            volumes: launch.volumes,
         };
         let placement = self.bring_up(&spec, image).await?;
         Ok(Started {
@@ -280,6 +319,11 @@ impl Lifecycle {
             default_user: Some(defaults.user.clone()),
             default_workdir: defaults.workdir.clone(),
             hostname: Some(record.id.to_string()),
+            volume_mounts: record
+                .volume_mounts
+                .iter()
+                .map(|m| m.path.clone())
+                .collect(),
         };
         let addr = started.placement.agent;
         if let Err(e) = self.agent.init(addr, started.token.as_deref(), &init).await {
@@ -323,5 +367,6 @@ fn new_record(
         // with it, whether or not the user ports demand it.
         traffic_access_token: Some(random_token(32)),
         require_traffic_token: params.require_traffic_token,
+        volume_mounts: Vec::new(),
     }
 }

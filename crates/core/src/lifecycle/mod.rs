@@ -33,6 +33,7 @@ mod sandbox;
 mod start_cmd;
 #[cfg(test)]
 mod tests;
+mod volume_use;
 
 pub use recovery::{adoptable_policies, RecoveryReport};
 pub use sandbox::{Phase, Sandbox};
@@ -41,6 +42,7 @@ use crate::driver::{Driver, DriverError, Resources};
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::{PauseMode, SandboxRecord, Store, StoreError};
+use crate::volumes::{MountRequest, VolumeError, Volumes};
 use airlock_wire::envd::InitRequest;
 use airlock_wire::logs::LogEntry;
 use pools::Pools;
@@ -227,6 +229,8 @@ pub enum LifecycleError {
     ImageGone(String),
     #[error("state store failed")]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
 }
 
 /// What a create asks for, already parsed.
@@ -252,6 +256,8 @@ pub struct CreateParams {
     pub egress: Egress,
     /// E2B's `allowPublicTraffic: false`: its user ports demand the traffic token.
     pub require_traffic_token: bool,
+    /// The owner's volumes to mount, by name.
+    pub volume_mounts: Vec<MountRequest>,
 }
 
 pub struct Lifecycle {
@@ -262,6 +268,7 @@ pub struct Lifecycle {
     /// Every sandbox from its admission to its kill, running or paused.
     sandboxes: Registry,
     pools: Pools,
+    volumes: Arc<Volumes>,
     /// Wakes the pool filler (a pooled sandbox was taken).
     refill: Notify,
     /// Destroys and auto-pauses running in the background (a kill answers before the host
@@ -294,12 +301,14 @@ impl Lifecycle {
         driver: Arc<dyn Driver>,
         agent: Arc<dyn AgentClient>,
         limits: Limits,
+        volumes: Arc<Volumes>,
     ) -> Arc<Self> {
         Arc::new(Lifecycle {
             store,
             driver,
             agent,
             limits,
+            volumes,
             sandboxes: Registry::default(),
             pools: Pools::default(),
             refill: Notify::new(),

@@ -4,9 +4,8 @@
 //! among the running until a create admits them.
 
 use super::checkpoint::checkpoint_error;
-use super::create::Started;
+use super::create::{Launch, Started};
 use super::{available_memory_mb, Lifecycle, LifecycleError, GOLDEN_PREFIX};
-use crate::driver::Resources;
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::TemplateRecord;
@@ -61,8 +60,12 @@ impl Lifecycle {
     }
 
     /// How pooled sandboxes and golden images are started.
-    fn default_launch(&self) -> (Resources, Egress) {
-        (self.limits.default_resources, Egress::default())
+    fn default_launch(&self) -> Launch {
+        Launch {
+            resources: self.limits.default_resources,
+            egress: Egress::default(),
+            volumes: Vec::new(),
+        }
     }
 
     /// Takes a ready sandbox of the template from its pool, if one is there. Either way the
@@ -355,7 +358,7 @@ impl Lifecycle {
         id: &SandboxId,
         template: &TemplateRecord,
         golden: &str,
-        launch: (Resources, Egress),
+        launch: Launch,
     ) -> Result<Started, LifecycleError> {
         let result = self.start(id, &template.rootfs, Some(golden), launch).await;
         if let Err(LifecycleError::Agent(e)) = &result {

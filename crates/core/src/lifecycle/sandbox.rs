@@ -271,6 +271,7 @@ mod tests {
             egress: Egress::default(),
             traffic_access_token: None,
             require_traffic_token: false,
+            volume_mounts: Vec::new(),
         }
     }
 

@@ -30,6 +30,15 @@ pub struct VolumeRecord {
     pub created_at: i64,
 }
 
+/// A volume bound in a sandbox. By id: a deleted volume's name may be given to another.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeMount {
+    pub volume_id: String,
+    pub name: String,
+    /// Where the sandbox sees it.
+    pub path: String,
+}
+
 /// A volume name: 1-64 of lowercase letters, digits, `.`, `_` and `-`, starting with a letter
 /// or digit (so it is also a safe file name).
 pub fn valid_volume_name(name: &str) -> bool {

@@ -1,14 +1,17 @@
 //! Volumes (E2B's `Volume`): named directories on the host that outlive sandboxes. A volume
 //! belongs to the API key that made it; another key's volume is not found, exactly as one that
 //! does not exist. Its files are reached through the volume content API, which authenticates
-//! with the volume's own token, and each write is held to the volume's size limit.
+//! with the volume's own token, and from the sandboxes that mount it. The driver holds each
+//! one on a filesystem of the volume's size, so the limit holds for every writer.
 //!
 //! This owns both the `volumes` rows and the directories under `<data>/volumes/<id>`.
 
 mod tree;
 
+use crate::driver::{Driver, DriverError};
 use crate::ids::{constant_time_eq, random_token};
-use crate::store::{valid_volume_name, Store, StoreError, VolumeRecord};
+use crate::store::{valid_volume_name, Store, StoreError, VolumeMount, VolumeRecord};
+use airlock_wire::MAX_VOLUME_MOUNTS;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 pub use tree::{EntryKind, EntryStat, MetadataChange, NewFile, VolumeTree};
@@ -39,6 +42,10 @@ pub enum VolumeError {
     Exists(String),
     #[error("the volume is full: it may hold {0} MB")]
     Full(u64),
+    #[error("volume '{name}' is mounted by sandbox {sandbox}; kill it (or let it end) first")]
+    InUse { name: String, sandbox: String },
+    #[error(transparent)]
+    Driver(#[from] DriverError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{what}: {source}")]
@@ -55,8 +62,19 @@ impl VolumeError {
     }
 }
 
+/// A create's wish to see volume `name` at `path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountRequest {
+    pub name: String,
+    pub path: String,
+}
+
+/// Where a volume may not be mounted: the system's own trees and the agent's.
+const RESERVED_PATHS: &[&str] = &["/proc", "/sys", "/dev", "/opt/airlock", "/etc/hosts"];
+
 pub struct Volumes {
     store: Arc<Store>,
+    driver: Arc<dyn Driver>,
     root: PathBuf,
     size_limit_mb: u64,
 }
@@ -64,7 +82,12 @@ pub struct Volumes {
 impl Volumes {
     /// Volumes kept under `root` (created, mode 0700: only the server walks it), each new one
     /// holding at most `size_limit_mb`.
-    pub fn new(store: Arc<Store>, root: &Path, size_limit_mb: u64) -> Result<Self, VolumeError> {
+    pub fn new(
+        store: Arc<Store>,
+        driver: Arc<dyn Driver>,
+        root: &Path,
+        size_limit_mb: u64,
+    ) -> Result<Self, VolumeError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -73,17 +96,46 @@ impl Volumes {
             .map_err(VolumeError::io(format!("creating {}", root.display())))?;
         Ok(Volumes {
             store,
+            driver,
             root: root.to_owned(),
             size_limit_mb,
         })
     }
 
-    fn dir(&self, id: &str) -> PathBuf {
+    /// Makes every volume usable after a start (the host's mounts do not outlive a reboot).
+    pub async fn open_all(&self) -> Result<(), VolumeError> {
+        for volume in self.store.all_volumes()? {
+            self.driver.open_volume(&self.dir(&volume.id)).await?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Volumes::open_all`] once no sandbox runs (a clean shutdown). Failures are
+    /// logged: the next start takes over what is left.
+    pub async fn close_all(&self) {
+        let volumes = match self.store.all_volumes() {
+            Ok(volumes) => volumes,
+            Err(e) => return tracing::warn!(error = %e, "listing volumes to unmount failed"),
+        };
+        for volume in volumes {
+            if let Err(e) = self.driver.close_volume(&self.dir(&volume.id)).await {
+                tracing::warn!(volume = volume.id, error = %e, "unmounting a volume failed");
+            }
+        }
+    }
+
+    /// Where volume `id` is on the host.
+    pub fn dir(&self, id: &str) -> PathBuf {
         self.root.join(id)
     }
 
-    /// Makes `owner` a volume called `name`, with an empty directory.
-    pub fn create(&self, owner: &str, name: &str, now: i64) -> Result<VolumeRecord, VolumeError> {
+    /// Makes `owner` a volume called `name`, empty.
+    pub async fn create(
+        &self,
+        owner: &str,
+        name: &str,
+        now: i64,
+    ) -> Result<VolumeRecord, VolumeError> {
         if !valid_volume_name(name) {
             return Err(VolumeError::BadName(name.to_owned()));
         }
@@ -95,22 +147,36 @@ impl Volumes {
             size_limit_mb: self.size_limit_mb,
             created_at: now,
         };
+        if self.store.volumes(owner)?.iter().any(|v| v.name == name) {
+            return Err(VolumeError::NameTaken(name.to_owned()));
+        }
         let dir = self.dir(&record.id);
-        // Owned by E2B's `user`, as whom sandboxes that mount it run.
         std::fs::create_dir(&dir)
-            .and_then(|()| std::os::unix::fs::chown(&dir, Some(DEFAULT_UID), Some(DEFAULT_GID)))
             .map_err(VolumeError::io(format!("creating {}", dir.display())))?;
-        match self.store.insert_volume(&record) {
-            Ok(true) => Ok(record),
-            Ok(false) => {
-                let _ = std::fs::remove_dir(&dir);
-                Err(VolumeError::NameTaken(name.to_owned()))
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir(&dir);
-                Err(e.into())
+        let made = async {
+            self.driver
+                .create_volume(&dir, record.size_limit_mb)
+                .await?;
+            // Owned by E2B's `user`, as whom sandboxes that mount it run; no `lost+found`.
+            std::os::unix::fs::chown(&dir, Some(DEFAULT_UID), Some(DEFAULT_GID))
+                .and_then(|()| match std::fs::remove_dir(dir.join("lost+found")) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                })
+                .map_err(VolumeError::io(format!("preparing {}", dir.display())))?;
+            match self.store.insert_volume(&record)? {
+                true => Ok(record),
+                // Made meanwhile by a create of the same name.
+                false => Err(VolumeError::NameTaken(name.to_owned())),
             }
         }
+        .await;
+        if made.is_err() {
+            if let Err(e) = self.driver.delete_volume(&dir).await {
+                tracing::warn!(dir = %dir.display(), error = %e, "removing a volume that was not made failed");
+            }
+        }
+        made
     }
 
     /// `owner`'s volume `id`.
@@ -124,17 +190,73 @@ impl Volumes {
         Ok(self.store.volumes(owner)?)
     }
 
-    /// Deletes `owner`'s volume `id` and its files; `false` if it has none such.
-    pub fn delete(&self, owner: &str, id: &str) -> Result<bool, VolumeError> {
+    /// Deletes `owner`'s volume `id` and its files; `false` if it has none such. The caller
+    /// makes sure that no sandbox mounts it (see `Lifecycle::delete_volume`).
+    pub(crate) async fn delete(&self, owner: &str, id: &str) -> Result<bool, VolumeError> {
         if !self.store.delete_volume(owner, id)? {
             return Ok(false);
         }
         let dir = self.dir(id);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
+        if let Err(e) = self.driver.delete_volume(&dir).await {
             // The row is gone, so nothing reaches these files any more; say what is left.
             tracing::warn!(volume = id, dir = %dir.display(), error = %e, "removing a deleted volume's files failed");
         }
         Ok(true)
+    }
+
+    /// The volumes a create asks for, checked: `owner`'s, by name, each at its own absolute
+    /// path outside the system's trees.
+    pub fn resolve(
+        &self,
+        owner: Option<&str>,
+        requests: &[MountRequest],
+    ) -> Result<Vec<VolumeMount>, VolumeError> {
+        if requests.len() > MAX_VOLUME_MOUNTS {
+            return Err(VolumeError::BadPath(format!(
+                "a sandbox may mount at most {MAX_VOLUME_MOUNTS} volumes"
+            )));
+        }
+        let owned = match owner {
+            Some(owner) => self.store.volumes(owner)?,
+            None => Vec::new(),
+        };
+        let mut mounts: Vec<VolumeMount> = Vec::new();
+        for request in requests {
+            let path = check_mount_path(&request.path)?;
+            if mounts.iter().any(|m| m.path == path) {
+                return Err(VolumeError::BadPath(format!(
+                    "two volumes are mounted at '{path}'"
+                )));
+            }
+            let volume = owned
+                .iter()
+                .find(|v| v.name == request.name)
+                .ok_or_else(|| VolumeError::NotFound(request.name.clone()))?;
+            mounts.push(VolumeMount {
+                volume_id: volume.id.clone(),
+                name: volume.name.clone(),
+                path,
+            });
+        }
+        Ok(mounts)
+    }
+
+    /// Fails with the name of the first of `mounts` whose volume `owner` no longer has.
+    pub fn check_still_there(
+        &self,
+        owner: Option<&str>,
+        mounts: &[VolumeMount],
+    ) -> Result<(), VolumeError> {
+        for mount in mounts {
+            let present = match owner {
+                Some(owner) => self.store.volume(owner, &mount.volume_id)?.is_some(),
+                None => false,
+            };
+            if !present {
+                return Err(VolumeError::NotFound(mount.name.clone()));
+            }
+        }
+        Ok(())
     }
 
     /// The files of volume `id`, for a caller that holds its token. A wrong token and a missing
@@ -148,5 +270,56 @@ impl Volumes {
             return Err(VolumeError::Unauthorized);
         }
         VolumeTree::open(&self.dir(id), record.size_limit_mb)
+    }
+}
+
+/// `path` as a mount point: absolute, with no `.`, `..` or empty parts, and not `/` or in a
+/// tree of [`RESERVED_PATHS`]. Returned without a trailing slash.
+fn check_mount_path(path: &str) -> Result<String, VolumeError> {
+    let bad = |why: &str| Err(VolumeError::BadPath(format!("mount path '{path}' {why}")));
+    if path == "/" {
+        return bad("may not be the root");
+    }
+    let trimmed = path.strip_suffix('/').unwrap_or(path);
+    let Some(rest) = trimmed.strip_prefix('/') else {
+        return bad("must be absolute");
+    };
+    if rest.split('/').any(|part| matches!(part, "" | "." | ".."))
+        || rest.contains('\0')
+        || trimmed.len() > 4096
+    {
+        return bad("must be a plain path, without '.', '..' or empty parts");
+    }
+    let reserved = |r: &&str| trimmed == *r || trimmed.starts_with(&format!("{r}/"));
+    if RESERVED_PATHS.iter().any(reserved) {
+        return bad("is in a tree the sandbox's system needs");
+    }
+    Ok(trimmed.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_mount_path;
+
+    #[test]
+    fn mount_paths_are_plain_and_outside_the_system() {
+        assert_eq!(check_mount_path("/mnt/data/").unwrap(), "/mnt/data");
+        assert_eq!(check_mount_path("/home/user/v").unwrap(), "/home/user/v");
+        for bad in [
+            "",
+            "/",
+            "mnt",
+            "/mnt//x",
+            "/mnt/../etc",
+            "/./x",
+            "/proc",
+            "/proc/1",
+            "/dev/x",
+            "/opt/airlock/volumes/0",
+            "/etc/hosts",
+        ] {
+            assert!(check_mount_path(bad).is_err(), "{bad:?} was taken");
+        }
+        assert!(check_mount_path("/procfs").is_ok());
     }
 }

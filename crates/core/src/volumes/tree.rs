@@ -7,7 +7,6 @@
 //! handled relative to its parent's descriptor and never followed.
 
 use super::VolumeError;
-use crate::disk_usage::bytes_on_disk;
 use crate::ids::random_token;
 use chrono::{DateTime, Utc};
 use nix::errno::Errno;
@@ -17,7 +16,7 @@ use nix::unistd::{fchownat, unlinkat, Gid, Uid, UnlinkatFlags};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Whom new entries belong to unless the request says: E2B's `user`, as whom sandboxes run.
 pub(super) const DEFAULT_UID: u32 = 1000;
@@ -63,7 +62,6 @@ pub struct MetadataChange {
 
 pub struct VolumeTree {
     root: OwnedFd,
-    dir: PathBuf,
     limit_bytes: u64,
 }
 
@@ -200,7 +198,6 @@ impl VolumeTree {
         .map_err(|e| VolumeError::io(format!("opening {}", dir.display()))(e.into()))?;
         Ok(VolumeTree {
             root: owned(fd),
-            dir: dir.to_owned(),
             limit_bytes: limit_mb << 20,
         })
     }
@@ -433,8 +430,6 @@ impl VolumeTree {
         let shown = parsed.display();
         let parent = self.parent_of(&parsed, parents)?;
         let (_, name) = parsed.split_last().expect("parent_of refused the root");
-        let used = bytes_on_disk(&self.dir).map_err(VolumeError::io("measuring the volume"))?;
-        let room = self.limit_bytes.saturating_sub(used);
         let temp = format!(".airlock-upload-{}", random_token(12));
         let fd = openat(
             Some(parent.as_raw_fd()),
@@ -450,8 +445,6 @@ impl VolumeTree {
             name: name.to_owned(),
             shown,
             change: Self::with_defaults(change),
-            room,
-            written: 0,
             limit_bytes: self.limit_bytes,
         })
     }
@@ -550,21 +543,18 @@ pub struct NewFile {
     name: String,
     shown: String,
     change: MetadataChange,
-    /// What the volume has left for it.
-    room: u64,
-    written: u64,
     limit_bytes: u64,
 }
 
 impl NewFile {
+    /// Writes the next part; a full volume (its filesystem's `ENOSPC`) is
+    /// [`VolumeError::Full`].
     pub fn write(&mut self, chunk: &[u8]) -> Result<(), VolumeError> {
-        self.written += chunk.len() as u64;
-        if self.written > self.room {
-            return Err(VolumeError::Full(self.limit_bytes >> 20));
-        }
         let file = self.file.as_mut().expect("written only before commit");
-        file.write_all(chunk)
-            .map_err(VolumeError::io(format!("writing '{}'", self.shown)))
+        file.write_all(chunk).map_err(|e| match e.raw_os_error() {
+            Some(errno) => failed(&self.shown, "writing", self.limit_bytes)(Errno::from_raw(errno)),
+            None => VolumeError::io(format!("writing '{}'", self.shown))(e),
+        })
     }
 
     pub fn commit(mut self) -> Result<EntryStat, VolumeError> {
@@ -666,15 +656,9 @@ mod tests {
             .collect();
         assert_eq!(paths, ["/a", "/a/b.txt", "/in", "/out"]);
 
-        assert!(matches!(
-            write(&tree, "big", &vec![0; 2 << 20]),
-            Err(VolumeError::Full(1))
-        ));
-        assert_eq!(
-            tree.list("/", 1).unwrap().len(),
-            3,
-            "no temporary file is left"
-        );
+        // A write that fails (here: to a directory) leaves no temporary file.
+        assert!(write(&tree, "a", b"x").is_err());
+        assert_eq!(tree.list("/", 1).unwrap().len(), 3);
 
         tree.remove("a").unwrap();
         assert!(matches!(tree.stat("a"), Err(VolumeError::PathNotFound(_))));

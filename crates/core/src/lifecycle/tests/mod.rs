@@ -118,6 +118,18 @@ impl Driver for RecordingDriver {
     fn images(&self) -> Result<Vec<String>, DriverError> {
         Ok(self.images.lock().unwrap().iter().cloned().collect())
     }
+    async fn create_volume(&self, _: &std::path::Path, _: u64) -> Result<(), DriverError> {
+        Ok(())
+    }
+    async fn open_volume(&self, _: &std::path::Path) -> Result<(), DriverError> {
+        Ok(())
+    }
+    async fn close_volume(&self, _: &std::path::Path) -> Result<(), DriverError> {
+        Ok(())
+    }
+    async fn delete_volume(&self, dir: &std::path::Path) -> Result<(), DriverError> {
+        std::fs::remove_dir_all(dir).map_err(DriverError::io("removing a volume"))
+    }
     fn image_size(&self, image: &str) -> u64 {
         if self.has_image(image) {
             IMAGE_SIZE
@@ -218,7 +230,8 @@ fn setup_with_agent(
             defaults: TemplateDefaults::default(),
         })
         .unwrap();
-    let lc = Lifecycle::new(store.clone(), driver, agent, limits);
+    let volumes = test_volumes(&store, driver.clone(), dir.path());
+    let lc = Lifecycle::new(store.clone(), driver, agent, limits, volumes);
     (dir, store, lc)
 }
 
@@ -246,13 +259,26 @@ async fn a_golden_image_whose_copy_never_answers_is_dropped_and_the_create_boots
     );
 }
 
-/// A new server process on the same store and host.
-fn restarted(store: &Arc<Store>, driver: &Arc<RecordingDriver>) -> Arc<Lifecycle> {
+fn test_volumes(
+    store: &Arc<Store>,
+    driver: Arc<RecordingDriver>,
+    data: &std::path::Path,
+) -> Arc<Volumes> {
+    Arc::new(Volumes::new(store.clone(), driver, &data.join("volumes"), 16).unwrap())
+}
+
+/// A new server process on the same store and host (and data dir).
+fn restarted(
+    data: &tempfile::TempDir,
+    store: &Arc<Store>,
+    driver: &Arc<RecordingDriver>,
+) -> Arc<Lifecycle> {
     Lifecycle::new(
         store.clone(),
         driver.clone(),
         TestAgent::ready(),
         Limits::default(),
+        test_volumes(store, driver.clone(), data.path()),
     )
 }
 
@@ -358,12 +384,12 @@ async fn expiry_and_timeouts() {
 #[tokio::test]
 async fn recover_adopts_the_living_and_removes_the_dead() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (dir, store, lc) = setup(driver.clone(), Limits::default());
     let alive = lc.create(params()).await.unwrap().id().clone();
     let dead = lc.create(params()).await.unwrap().id().clone();
     driver.running.lock().unwrap().retain(|id| *id != dead);
 
-    let lc2 = restarted(&store, &driver);
+    let lc2 = restarted(&dir, &store, &driver);
     let report = lc2.recover().await.unwrap();
     assert_eq!(report.adopted, vec![alive.clone()]);
     assert_eq!(report.removed, vec![dead]);
@@ -518,7 +544,7 @@ async fn a_failed_checkpoint_keeps_the_sandbox_running() {
 #[tokio::test]
 async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (dir, store, lc) = setup(driver.clone(), Limits::default());
     let source = lc.create(params()).await.unwrap();
     let snap = lc
         .snapshot(source.id().as_str(), Some("ready"))
@@ -591,7 +617,7 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
     for leftover in ["paused-gone", "snapshot-gone", "golden-base-x-y"] {
         driver.images.lock().unwrap().insert(leftover.into());
     }
-    let lc2 = restarted(&store, &driver);
+    let lc2 = restarted(&dir, &store, &driver);
     let report = lc2.recover().await.unwrap();
     assert_eq!(report.paused, vec![copy.id().clone()]);
     let images = driver.images().unwrap();
