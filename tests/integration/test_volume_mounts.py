@@ -6,7 +6,7 @@ import time
 import uuid
 
 import pytest
-from e2b import Sandbox, Volume
+from e2b import CommandExitException, Sandbox, Volume
 from e2b.exceptions import SandboxException
 
 from harness import host_leftovers
@@ -155,3 +155,28 @@ def test_node_sdk_mounts_a_volume(server, volume):
     got = server.js(js, volume.volume_id)
     assert got == {"mounts": [{"name": volume.name, "path": "/mnt/v"}]}, got
     assert volume.read_file("from-node.txt") == "from node"
+
+
+def test_the_hub_cannot_be_written_even_by_root(server, volume):
+    """Every sandbox has the volumes' hub at /opt/airlock, a host directory: a write there
+    would land on the host's disk outside any limit, and one to the agent would replace it."""
+    sbx = Sandbox.create("base", volume_mounts={"/mnt/v": volume})
+    try:
+        script = ("for f in /opt/airlock/planted /opt/airlock/volumes/planted "
+                  "/opt/airlock/airlock-agent /mnt/v/planted /opt/planted; do "
+                  "if (echo x > $f) 2>/dev/null; then echo \"$f written\"; "
+                  "else echo \"$f refused\"; fi; done")
+        out = sbx.commands.run(script, user="root").stdout.splitlines()
+        assert out == [
+            "/opt/airlock/planted refused",
+            "/opt/airlock/volumes/planted refused",
+            "/opt/airlock/airlock-agent refused",
+            # Positive controls: root writes to the volume and to its own disk.
+            "/mnt/v/planted written",
+            "/opt/planted written",
+        ], out
+        with pytest.raises(CommandExitException, match="Read-only file system"):
+            sbx.commands.run("sudo mkdir /opt/airlock/d")
+    finally:
+        sbx.kill()
+    assert volume.read_file("planted") == "x\n"
