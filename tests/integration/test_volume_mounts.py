@@ -133,6 +133,10 @@ def test_bad_mounts_are_refused_and_leave_no_sandbox(server, volume, other_key):
             status, body = server.api("POST", "/v2/sandboxes",
                                       {"templateID": "base", "volumeMounts": mounts})
             assert status == 400 and problem in body["message"], (mounts, body)
+        # A path the template has as a file is found out inside the sandbox.
+        status, body = server.api("POST", "/v2/sandboxes", {
+            "templateID": "base", "volumeMounts": [{"name": volume.name, "path": "/etc/passwd"}]})
+        assert status == 400 and "is not a directory" in body["message"], body
         assert {s.sandbox_id for s in Sandbox.list().next_items()} == before
         # Positive control: the same volume at a good path mounts.
         sbx = Sandbox.create("base", volume_mounts={"/mnt/x": volume})

@@ -9,6 +9,7 @@
 use crate::rpc::RpcError;
 use airlock_wire::{MAX_VOLUME_MOUNTS, VOLUMES_DIR};
 use nix::mount::{mount, MsFlags};
+use std::io::ErrorKind;
 use std::path::Path;
 
 /// Binds `VOLUMES_DIR/{i}` at `paths[i]`, skipping the paths in `bound` (a sandbox's agent
@@ -30,8 +31,12 @@ pub fn bind_all(paths: &[String], bound: &[String]) -> Result<Vec<String>, RpcEr
             )));
         }
         let source = format!("{VOLUMES_DIR}/{index}");
-        std::fs::create_dir_all(path)
-            .map_err(|e| RpcError::internal(format!("creating mount point {path}: {e}")))?;
+        std::fs::create_dir_all(path).map_err(|e| match e.kind() {
+            ErrorKind::AlreadyExists | ErrorKind::NotADirectory => RpcError::invalid(format!(
+                "volume mount path '{path}' is not a directory in this sandbox"
+            )),
+            _ => RpcError::internal(format!("creating mount point {path}: {e}")),
+        })?;
         // Non-recursive: the volume has no mounts of its own, and nothing under the mount
         // point is carried along.
         mount(

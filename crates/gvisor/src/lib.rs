@@ -52,6 +52,7 @@ mod volumes;
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
 use airlock_core::egress::Egress;
 use airlock_core::ids::SandboxId;
+use futures::StreamExt;
 use network::{links, Network};
 use runsc::{RunArgs, Runsc};
 use std::collections::{BTreeSet, HashSet};
@@ -588,16 +589,30 @@ impl Driver for GvisorDriver {
         found.extend(links::netns_ids()?);
         found.extend(cgroup::ids());
 
-        let mut result = Ok(());
-        for id in found.iter().filter(|id| !keep_ids.contains(id.as_str())) {
+        let mut orphans = Vec::new();
+        for id in found
+            .into_iter()
+            .filter(|id| !keep_ids.contains(id.as_str()))
+        {
             // Everything of ours carries a valid id; anything else is not ours to remove.
-            if SandboxId::parse(id).is_err() {
+            if SandboxId::parse(&id).is_err() {
                 tracing::warn!(name = %id, "ignoring a sandbox-like name that is not an Airlock id");
                 continue;
             }
             tracing::info!(%id, "removing orphaned sandbox");
-            result = result.and(self.teardown(id, None).await);
+            orphans.push(id);
         }
+        // Several at once: most of a teardown is `runsc delete` waiting for the sandbox to die
+        // (1.5-2 s each), and a crashed server leaves every pooled sandbox behind.
+        let mut teardowns = Vec::new();
+        for id in &orphans {
+            teardowns.push(self.teardown(id, None));
+        }
+        let torn_down: Vec<Result<(), DriverError>> = futures::stream::iter(teardowns)
+            .buffer_unordered(ORPHANS_AT_ONCE)
+            .collect()
+            .await;
+        let mut result = torn_down.into_iter().collect::<Result<(), _>>();
         // Links of slots no kept sandbox holds, including any whose netns was deleted above and
         // that the kernel has not removed yet.
         for slot in links::link_slots()? {
@@ -609,6 +624,9 @@ impl Driver for GvisorDriver {
         result
     }
 }
+
+/// Orphans torn down at once by [`GvisorDriver::sweep_orphans`].
+const ORPHANS_AT_ONCE: usize = 8;
 
 /// Tags images with the agent binary (size and modification time) and the runsc binary they
 /// were taken with: a restore needs the very same agent file and the same runtime.

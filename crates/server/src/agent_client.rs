@@ -1,7 +1,7 @@
 //! How the server talks to a sandbox's agent itself (health and `/init`), over the sandbox's link.
 
 use crate::proxy::HttpClient;
-use airlock_core::lifecycle::{AgentClient, AgentCommand, OutputLine, Program};
+use airlock_core::lifecycle::{AgentClient, AgentCommand, InitError, OutputLine, Program};
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
 use airlock_wire::logs::{LineBuffer, LogEntry, LOGS_PATH, START_CMD_TAG};
@@ -39,7 +39,7 @@ impl AgentClient for HttpAgentClient {
                 .await
             {
                 Ok(_) => return Ok(()),
-                Err(e) => last = e,
+                Err(e) => last = e.to_string(),
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -81,19 +81,33 @@ impl AgentClient for HttpAgentClient {
         addr: Ipv4Addr,
         current_token: Option<&str>,
         init: &InitRequest,
-    ) -> Result<(), String> {
-        let body = serde_json::to_vec(init).map_err(|e| e.to_string())?;
+    ) -> Result<(), InitError> {
+        let body = serde_json::to_vec(init).map_err(|e| InitError::Failed(e.to_string()))?;
         let within = Duration::from_secs(5);
-        self.request(
+        let sent = self.request(
             Method::POST,
             addr,
             "/init",
             current_token,
             Some(body),
             within,
-        )
-        .await
-        .map(drop)
+        );
+        match sent.await {
+            Ok(_) => Ok(()),
+            Err(CallError {
+                status: Some(status),
+                body,
+                ..
+            }) if status.is_client_error() => {
+                // The agent's connect-style error says why; the rest of it is for the log.
+                let why = serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["message"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+                Err(InitError::Refused(why))
+            }
+            Err(e) => Err(InitError::Failed(e.to_string())),
+        }
     }
 
     async fn run(
@@ -117,7 +131,8 @@ impl AgentClient for HttpAgentClient {
                 None,
                 Duration::from_secs(5),
             )
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         serde_json::from_slice(&body).map_err(|e| e.to_string())
     }
 
@@ -127,6 +142,7 @@ impl AgentClient for HttpAgentClient {
         self.request(Method::POST, addr, REBOOT_PATH, token, None, within)
             .await
             .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -141,7 +157,7 @@ impl HttpAgentClient {
         token: Option<&str>,
         json: Option<Vec<u8>>,
         within: Duration,
-    ) -> Result<Bytes, String> {
+    ) -> Result<Bytes, CallError> {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("http://{addr}:{ENVD_PORT}{path}"));
@@ -155,27 +171,28 @@ impl HttpAgentClient {
             }
             None => Body::empty(),
         };
-        let req = req.body(body).map_err(|e| e.to_string())?;
+        let req = req.body(body).map_err(CallError::failed)?;
         let answer = async {
-            let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
+            let resp = self.http.request(req).await.map_err(CallError::failed)?;
             let status = resp.status();
             let body = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(CallError::failed)?;
             let body = body.to_bytes();
             if !status.is_success() {
-                return Err(format!(
-                    "the agent answered {status}: {}",
-                    String::from_utf8_lossy(&body)
-                ));
+                return Err(CallError {
+                    status: Some(status),
+                    body,
+                    detail: String::new(),
+                });
             }
             Ok(body)
         };
         tokio::time::timeout(within, answer)
             .await
-            .map_err(|_| "no answer in time".to_string())?
+            .map_err(|_| CallError::failed("no answer in time"))?
     }
 
     /// `process.Process/Start`, as the SDK calls it, read to its end event.
@@ -271,5 +288,37 @@ impl HttpAgentClient {
             }
         }
         Err("the output stream ended before the command did".into())
+    }
+}
+
+/// Why a call to an agent failed: it answered with an error `status`, or (`None`) it did not
+/// answer.
+#[derive(Debug)]
+struct CallError {
+    status: Option<axum::http::StatusCode>,
+    body: Bytes,
+    detail: String,
+}
+
+impl CallError {
+    fn failed(detail: impl std::fmt::Display) -> Self {
+        CallError {
+            status: None,
+            body: Bytes::new(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(status) => write!(
+                f,
+                "the agent answered {status}: {}",
+                String::from_utf8_lossy(&self.body)
+            ),
+            None => f.write_str(&self.detail),
+        }
     }
 }

@@ -328,7 +328,7 @@ impl Lifecycle {
         let addr = started.placement.agent;
         if let Err(e) = self.agent.init(addr, started.token.as_deref(), &init).await {
             self.discard(&record.id, slot).await;
-            return failed(LifecycleError::Agent(e));
+            return failed(e.into());
         }
         sandbox.set_phase(Phase::Running, Some(started.placement));
         Ok(())

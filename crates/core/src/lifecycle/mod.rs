@@ -54,6 +54,27 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
+/// Why a sandbox's agent did not take its settings (`/init`).
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// It refused them, saying why: they were the caller's, and wrong for this sandbox (a volume
+    /// mount path that is a file in the template, say).
+    #[error("{0}")]
+    Refused(String),
+    /// It did not answer, or failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<InitError> for LifecycleError {
+    fn from(err: InitError) -> Self {
+        match err {
+            InitError::Refused(why) => LifecycleError::BadRequest(why),
+            InitError::Failed(why) => LifecycleError::Agent(why),
+        }
+    }
+}
+
 /// How the lifecycle reaches a sandbox's agent. The server implements it over HTTP; keeping it a
 /// trait keeps HTTP out of the core.
 #[async_trait::async_trait]
@@ -67,7 +88,7 @@ pub trait AgentClient: Send + Sync + 'static {
         addr: Ipv4Addr,
         current_token: Option<&str>,
         init: &InitRequest,
-    ) -> Result<(), String>;
+    ) -> Result<(), InitError>;
     /// Loads what the template preloads (the code interpreter's kernel and its usual imports)
     /// before the template's golden image is taken. Templates without it succeed at once.
     async fn warm_up(&self, addr: Ipv4Addr) -> Result<(), String>;

@@ -118,6 +118,7 @@ impl Lifecycle {
         let mut announced = HashSet::new();
         loop {
             let templates = self.store.named_templates().unwrap_or_default();
+            let pass_started = Instant::now();
             for template in &templates {
                 if stop.is_cancelled() {
                     return;
@@ -143,12 +144,15 @@ impl Lifecycle {
                 if announced.insert(golden.clone()) {
                     tracing::info!(template = %template.name, image = %golden, "golden image reused");
                 }
-                if let Some(unused) = self.idle_pool(template) {
+                if let Some(unused) = self.idle_pool(template, pass_started) {
                     if !unused.is_empty() {
                         tracing::info!(template = %template.name, sandboxes = unused.len(), "emptying the pool of a template nobody created a sandbox of lately");
                     }
+                    // In the background, as kills are: each takes seconds, and other
+                    // templates' pools wait meanwhile.
                     for pooled in unused {
-                        self.release(pooled.id, pooled.placement.slot).await;
+                        self.destroying
+                            .spawn(self.release(pooled.id, pooled.placement.slot));
                     }
                     continue;
                 }
@@ -164,11 +168,13 @@ impl Lifecycle {
 
     /// The ready sandboxes of a template nobody has wanted for `pool_idle`, taken out of its
     /// pool (which stays empty until it is wanted again); `None` while it is wanted. A
-    /// template seen for the first time counts as wanted from then.
-    fn idle_pool(&self, template: &TemplateRecord) -> Option<Vec<Started>> {
+    /// template seen for the first time counts as wanted from the start of the pass that
+    /// found it (`pass_started`): templates found together are wanted alike, so the memory
+    /// budget does not move a ready sandbox from one to the next as the pass reaches them.
+    fn idle_pool(&self, template: &TemplateRecord, pass_started: Instant) -> Option<Vec<Started>> {
         let mut pools = self.pools.lock();
         let pool = pools.entry(template.name.clone()).or_default();
-        let wanted_at = *pool.wanted_at.get_or_insert_with(Instant::now);
+        let wanted_at = *pool.wanted_at.get_or_insert(pass_started);
         (wanted_at.elapsed() >= self.limits.pool_idle).then(|| std::mem::take(&mut pool.ready))
     }
 
@@ -235,10 +241,7 @@ impl Lifecycle {
             ..Default::default()
         };
         let result = async {
-            self.agent
-                .init(addr, None, &init)
-                .await
-                .map_err(LifecycleError::Agent)?;
+            self.agent.init(addr, None, &init).await?;
             self.run_start_command(addr, None, defaults).await?;
             let Some(image) = image else {
                 return Ok(());
@@ -297,7 +300,7 @@ impl Lifecycle {
                         Ok(()) => Ok(started),
                         Err(e) => {
                             self.release(started.id, started.placement.slot).await;
-                            Err(LifecycleError::Agent(e))
+                            Err(e.into())
                         }
                     }
                 }

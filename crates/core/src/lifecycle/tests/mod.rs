@@ -176,7 +176,7 @@ impl AgentClient for TestAgent {
             false => Ok(()),
         }
     }
-    async fn init(&self, _: Ipv4Addr, _: Option<&str>, _: &InitRequest) -> Result<(), String> {
+    async fn init(&self, _: Ipv4Addr, _: Option<&str>, _: &InitRequest) -> Result<(), InitError> {
         Ok(())
     }
     async fn warm_up(&self, _: Ipv4Addr) -> Result<(), String> {
