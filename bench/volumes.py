@@ -46,6 +46,7 @@ def main():
     from e2b import Sandbox, Volume
 
     try:
+        time.sleep(20)  # the pools fill after the start
         made = []
         for _ in range(RUNS):
             start = time.monotonic()
@@ -62,7 +63,7 @@ def main():
                 sbx.commands.run("true")
                 times.append(time.monotonic() - start)
                 sbx.kill()
-                time.sleep(0.5)  # let the pool refill, as between a user's creates
+                time.sleep(3)  # let the pool refill, as between a user's creates
             summary(label, times)
 
         sbx = Sandbox.create("base", volume_mounts={"/mnt/v": volume})
