@@ -2,11 +2,12 @@
 the volume's, shared by every sandbox that mounts it and by the volume content API, kept when the
 sandboxes go, through pauses and in snapshots' sandboxes, and held to the volume's size."""
 
+import asyncio
 import time
 import uuid
 
 import pytest
-from e2b import CommandExitException, Sandbox, Volume
+from e2b import AsyncSandbox, AsyncVolume, CommandExitException, Sandbox, Volume
 from e2b.exceptions import SandboxException
 
 from harness import host_leftovers
@@ -184,3 +185,21 @@ def test_the_hub_cannot_be_written_even_by_root(server, volume):
     finally:
         sbx.kill()
     assert volume.read_file("planted") == "x\n"
+
+
+def test_async_sdk_mounts_a_volume(server):
+    async def main():
+        vol = await AsyncVolume.create(volume_name())
+        try:
+            await vol.write_file("in.txt", "from the async content API")
+            sbx = await AsyncSandbox.create("base", volume_mounts={"/mnt/a": vol})
+            try:
+                seen = (await sbx.commands.run("cat /mnt/a/in.txt")).stdout
+                await sbx.files.write("/mnt/a/out.txt", "from the async sandbox")
+            finally:
+                await sbx.kill()
+            return seen, await vol.read_file("out.txt")
+        finally:
+            await AsyncVolume.destroy(vol.volume_id)
+
+    assert asyncio.run(main()) == ("from the async content API", "from the async sandbox")
