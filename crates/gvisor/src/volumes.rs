@@ -55,7 +55,7 @@ fn removed(path: &Path, outcome: std::io::Result<()>) -> Result<(), DriverError>
     }
 }
 
-/// The hub's name in the agent's directory: where the agent's own mount goes.
+/// The agent's mount point in the hub: the last part of `AGENT_PATH`.
 const AGENT_FILE: &str = "airlock-agent";
 
 /// Makes `hub` a read-only tmpfs holding the agent's mount point and `volumes[i]` bound at
