@@ -60,6 +60,21 @@ def restarted(server):
     server.start()
 
 
+def volume_name():
+    """A volume name no other test uses."""
+    return f"vol-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def volume(server):
+    """A fresh volume of the server's key, destroyed afterwards."""
+    from e2b import Volume
+
+    vol = Volume.create(volume_name())
+    yield vol
+    Volume.destroy(vol.volume_id)
+
+
 @pytest.fixture
 def names(server):
     """Template names for one test; each is deleted afterwards (with its key's API key)."""

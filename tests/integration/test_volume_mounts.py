@@ -4,24 +4,12 @@ sandboxes go, through pauses and in snapshots' sandboxes, and held to the volume
 
 import asyncio
 import time
-import uuid
 
 import pytest
 from e2b import AsyncSandbox, AsyncVolume, CommandExitException, Sandbox, Volume
 from e2b.exceptions import SandboxException
 
-from harness import host_leftovers
-
-
-def volume_name():
-    return f"vol-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def volume(server):
-    vol = Volume.create(volume_name())
-    yield vol
-    Volume.destroy(vol.volume_id)
+from conftest import host_leftovers, volume_name
 
 
 def test_a_volume_is_shared_by_its_sandboxes_and_outlives_them(server, volume):

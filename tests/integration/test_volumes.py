@@ -9,16 +9,7 @@ import pytest
 from e2b import CommandExitException, Sandbox, Volume
 from e2b.exceptions import NotFoundException
 
-
-def volume_name():
-    return f"vol-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def volume(server):
-    vol = Volume.create(volume_name())
-    yield vol
-    Volume.destroy(vol.volume_id)
+from conftest import volume_name
 
 
 def test_a_volume_is_created_listed_and_destroyed(server):

@@ -5,7 +5,7 @@
 
 use super::sandbox::{Phase, Sandbox};
 use super::{now_unix, paused_image, snapshot_image, CreateParams, Lifecycle, LifecycleError};
-use crate::driver::{DriverError, LaunchSpec, RootfsWrites};
+use crate::driver::DriverError;
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::{PauseMode, SandboxState, SnapshotRecord};
 use std::sync::Arc;
@@ -141,14 +141,7 @@ impl Lifecycle {
         self.sandboxes
             .admit_resume(&sandbox, self.limits.max_sandboxes, &quota)?;
         let record = sandbox.record();
-        let spec = LaunchSpec {
-            id: record.id.clone(),
-            rootfs: record.rootfs.clone(),
-            resources: record.resources,
-            egress: record.egress.clone(),
-            writes: RootfsWrites::Private,
-            volumes: self.launch_of(&record).volumes,
-        };
+        let spec = self.launch_of(&record).spec(&record.id, &record.rootfs);
         let image = paused_image(&record.id);
         if !self.driver.has_image(&image) {
             tracing::error!(sandbox = %record.id, image, "the paused image is gone; cannot resume");

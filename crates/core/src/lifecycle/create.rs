@@ -40,6 +40,20 @@ pub(super) struct Launch {
     pub volumes: Vec<PathBuf>,
 }
 
+impl Launch {
+    /// What the driver needs to start sandbox `id` over `rootfs` this way.
+    pub(super) fn spec(self, id: &SandboxId, rootfs: &Path) -> LaunchSpec {
+        LaunchSpec {
+            id: id.clone(),
+            rootfs: rootfs.to_owned(),
+            resources: self.resources,
+            egress: self.egress,
+            writes: RootfsWrites::Private,
+            volumes: self.volumes,
+        }
+    }
+}
+
 /// What a create starts from.
 enum Source {
     Template(TemplateRecord),
@@ -240,14 +254,7 @@ impl Lifecycle {
         image: Option<&str>,
         launch: Launch,
     ) -> Result<Started, LifecycleError> {
-        let spec = LaunchSpec {
-            id: id.clone(),
-            rootfs: rootfs.to_owned(),
-            resources: launch.resources,
-            egress: launch.egress,
-            writes: RootfsWrites::Private,
-            volumes: launch.volumes,
-        };
+        let spec = launch.spec(id, rootfs);
         let placement = self.bring_up(&spec, image).await?;
         Ok(Started {
             id: spec.id,
