@@ -9,6 +9,7 @@ pub mod auth;
 pub mod caps;
 pub mod files;
 pub mod fs;
+pub mod idle;
 pub mod interpreter;
 pub mod layer;
 pub mod log;

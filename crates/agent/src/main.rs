@@ -7,8 +7,8 @@
 
 use airlock_agent::state::{Agent, AgentState};
 use airlock_agent::{
-    auth, caps, files, fs, interpreter, layer, log, oom, process, provision, reaper, reboot, rpc,
-    sudo, watch,
+    auth, caps, files, fs, idle, interpreter, layer, log, oom, process, provision, reaper, reboot,
+    rpc, sudo, watch,
 };
 use airlock_wire::envd::InitRequest;
 use axum::extract::State;
@@ -29,6 +29,7 @@ fn router(state: AgentState) -> Router {
         .merge(watch::routes())
         .merge(log::routes())
         .merge(reboot::routes())
+        .merge(idle::routes())
         .with_state(state.clone());
     auth::guard(routes, state, auth::Port::Envd)
 }

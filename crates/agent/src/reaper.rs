@@ -85,10 +85,17 @@ fn zombie_child_of_init(stat: &str) -> bool {
 }
 
 /// Reads `/proc/{pid}/stat`: `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-fn state_and_parent(stat: &str) -> Option<(&str, &str)> {
+pub fn state_and_parent(stat: &str) -> Option<(&str, &str)> {
     let (_, rest) = stat.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
     Some((fields.next()?, fields.next()?))
+}
+
+/// The command name in a `/proc/{pid}/stat` line.
+pub fn command_name(stat: &str) -> &str {
+    let start = stat.find('(').map_or(0, |i| i + 1);
+    let end = stat.rfind(')').unwrap_or(stat.len()).max(start);
+    &stat[start..end]
 }
 
 #[cfg(test)]

@@ -139,6 +139,11 @@ pub trait Driver: Send + Sync + 'static {
     /// (a new agent binary or runtime), so cached images are keyed by it.
     fn fingerprint(&self) -> String;
 
+    /// Stops every process of a running sandbox where it stands (`true`), so that an idle one
+    /// costs no CPU, or lets them go on (`false`). Quick, and may be repeated. Destroying and
+    /// checkpointing a frozen sandbox thaw it first.
+    fn set_frozen(&self, id: &SandboxId, frozen: bool) -> Result<(), DriverError>;
+
     /// The memory the host charges the sandbox's processes for, in bytes; `None` if unknown.
     fn memory_used(&self, id: &SandboxId) -> Option<u64>;
 

@@ -93,6 +93,28 @@ fn stat_field(stat: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// Stops (`true`) or lets go on (`false`) every process of the sandbox, sentry and gofer alike,
+/// where it stands: v1 `freezer.state`, v2 `cgroup.freeze`. Both return at once and may be
+/// repeated. A sandbox with no freezer cgroup (it is being torn down) is left as it is.
+pub(crate) fn set_frozen(id: &str, frozen: bool) -> Result<(), DriverError> {
+    let root = Path::new(CGROUP_ROOT);
+    let v1 = root
+        .join("freezer")
+        .join(PARENT)
+        .join(id)
+        .join("freezer.state");
+    let (file, value) = if v1.exists() {
+        (v1, if frozen { "FROZEN" } else { "THAWED" })
+    } else {
+        let v2 = root.join(PARENT).join(id).join("cgroup.freeze");
+        if !v2.exists() {
+            return Ok(());
+        }
+        (v2, if frozen { "1" } else { "0" })
+    };
+    std::fs::write(&file, value).map_err(DriverError::io(format!("writing {}", file.display())))
+}
+
 /// Sets the most memory the host lets the sandbox's processes (sentry, gofer) hold, in bytes
 /// (v1 `memory.limit_in_bytes`, v2 `memory.max`).
 pub(crate) fn set_memory_limit(id: &str, bytes: u64) -> Result<(), DriverError> {
@@ -118,6 +140,8 @@ pub(crate) fn set_memory_limit(id: &str, bytes: u64) -> Result<(), DriverError> 
 /// killed half-way through `run` or `restore` leaves its sandbox and gofer running, unknown to
 /// `runsc delete`, and the cgroup is the one place that still names them.
 pub(crate) fn remove(id: &str) -> Result<(), DriverError> {
+    // A frozen process takes its SIGKILL only once thawed.
+    set_frozen(id, false)?;
     let parents = parents();
     let mut killed = false;
     for parent in &parents {

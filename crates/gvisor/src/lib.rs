@@ -336,7 +336,9 @@ impl GvisorDriver {
     ///
     /// No `runsc kill` first: `delete --force` SIGKILLs the sandbox process itself.
     async fn teardown(&self, id: &str, slot: Option<u32>) -> Result<(), DriverError> {
-        let mut result = self.runsc.delete(id).await;
+        // runsc's kill reaches a frozen sandbox only once it is thawed.
+        let mut result = cgroup::set_frozen(id, false);
+        result = result.and(self.runsc.delete(id).await);
         let bundle = self.bundle_dir(id);
         result = result.and(disk::unmount(&bundle.join("overlay")));
         let volumes = volumes::detach(&bundle.join("airlock"));
@@ -451,6 +453,7 @@ impl Driver for GvisorDriver {
                 detail: "connections into the sandbox did not close; try again".into(),
             });
         }
+        cgroup::set_frozen(id.as_str(), false)?;
         let partial = self.images.join(format!(".{image}.partial"));
         let _ = std::fs::remove_dir_all(&partial);
         std::fs::DirBuilder::new()
@@ -523,6 +526,10 @@ impl Driver for GvisorDriver {
         self.fingerprint.clone()
     }
 
+    fn set_frozen(&self, id: &SandboxId, frozen: bool) -> Result<(), DriverError> {
+        cgroup::set_frozen(id.as_str(), frozen)
+    }
+
     fn memory_used(&self, id: &SandboxId) -> Option<u64> {
         cgroup::memory_usage(id.as_str())
     }
@@ -570,6 +577,11 @@ impl Driver for GvisorDriver {
 
     async fn adopt(&self, id: &SandboxId, slot: u32) -> Option<Placement> {
         if self.runsc.state(id.as_str()).await.as_deref() != Some("running") {
+            return None;
+        }
+        // Frozen when the last server stopped; this one starts out with it awake.
+        if let Err(e) = cgroup::set_frozen(id.as_str(), false) {
+            tracing::warn!(%id, error = %e, "could not thaw an adopted sandbox");
             return None;
         }
         self.network.adopt(slot);

@@ -5,7 +5,9 @@ use airlock_core::lifecycle::{AgentClient, AgentCommand, InitError, OutputLine, 
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
 use airlock_wire::logs::{LineBuffer, LogEntry, LOGS_PATH, START_CMD_TAG};
-use airlock_wire::{ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT, REBOOT_PATH};
+use airlock_wire::{
+    IdleReport, ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT, IDLE_PATH, REBOOT_PATH,
+};
 use axum::body::Body;
 use axum::body::Bytes;
 use axum::http::Method;
@@ -143,6 +145,23 @@ impl AgentClient for HttpAgentClient {
             .await
             .map(drop)
             .map_err(|e| e.to_string())
+    }
+
+    async fn busy(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Option<String>, String> {
+        let body = self
+            .request(
+                Method::GET,
+                addr,
+                IDLE_PATH,
+                token,
+                None,
+                Duration::from_secs(5),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice::<IdleReport>(&body)
+            .map(|report| report.busy)
+            .map_err(|e| format!("reading its answer: {e}"))
     }
 }
 

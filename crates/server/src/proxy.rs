@@ -36,6 +36,7 @@ const INTERNAL_PATHS: &[&str] = &[
     "/init",
     airlock_wire::logs::LOGS_PATH,
     airlock_wire::REBOOT_PATH,
+    airlock_wire::IDLE_PATH,
 ];
 
 pub fn http_client() -> HttpClient {
@@ -316,6 +317,8 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
     for name in HOP_BY_HOP {
         parts.headers.remove(*name);
     }
+    // Thawed if frozen, and kept awake until the response's last byte.
+    let awake = state.lifecycle.wake(&sandbox);
     let upstream = hyper::Request::from_parts(parts, body);
     let result = tokio::select! {
         r = state.http.request(upstream) => r,
@@ -327,6 +330,7 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
             let body = CutOnKill {
                 inner: body,
                 stopped: Box::pin(sandbox.stopped()),
+                _awake: awake,
             };
             Response::from_parts(parts, Body::new(body))
         }
@@ -343,6 +347,7 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
 struct CutOnKill {
     inner: hyper::body::Incoming,
     stopped: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    _awake: airlock_core::lifecycle::Awake,
 }
 
 impl http_body::Body for CutOnKill {

@@ -255,6 +255,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
+    tokio::spawn(lifecycle.clone().run_freezer(stop.clone()));
     let state: AppState = Arc::new(AppStateInner {
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),

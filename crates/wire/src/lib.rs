@@ -47,3 +47,13 @@ pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The agent's route that ends every process of its sandbox but itself (a reboot that keeps the
 /// files); for the server only (the proxy refuses it).
 pub const REBOOT_PATH: &str = "/airlock/reboot";
+/// The agent's route that says whether anything in its sandbox may be running or waiting for a
+/// time ([`IdleReport`]), so the server may freeze it; for the server only.
+pub const IDLE_PATH: &str = "/airlock/idle";
+
+/// The answer of [`IDLE_PATH`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IdleReport {
+    /// A process that keeps the sandbox awake (`"1234 sleep"`), if there is one.
+    pub busy: Option<String>,
+}

@@ -45,7 +45,7 @@ impl Lifecycle {
     /// [`Lifecycle::pause`] of a sandbox whose verb lock the caller holds.
     pub(super) async fn pause_locked(
         &self,
-        sandbox: &Sandbox,
+        sandbox: &Arc<Sandbox>,
         mode: PauseMode,
         healthy_guest: bool,
     ) -> Result<(), LifecycleError> {
@@ -55,6 +55,7 @@ impl Lifecycle {
             (Phase::Paused, _) => return Err(LifecycleError::AlreadyPaused(id.to_owned())),
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         };
+        let _awake = self.wake(sandbox);
         if healthy_guest || mode == PauseMode::Filesystem {
             self.agent
                 .wait_ready(placement.agent, GUEST_CHECK)
@@ -275,6 +276,7 @@ impl Lifecycle {
         };
         let owner = sandbox.owner().unwrap_or_default().to_owned();
         self.check_snapshot_room(&owner)?;
+        let _awake = self.wake(&sandbox);
         sandbox.enter(Phase::Snapshotting);
         sandbox.cut_streams();
         let record = sandbox.record();

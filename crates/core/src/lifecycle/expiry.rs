@@ -109,7 +109,7 @@ impl Lifecycle {
     /// What the deadline does to a sandbox whose verb lock the caller holds: a pause, if it
     /// asked for one, else a kill. A pause that finds no disk space leaves it running and
     /// tries again later; one refused for any other reason kills it.
-    async fn expire(&self, sandbox: &Sandbox) {
+    async fn expire(&self, sandbox: &Arc<Sandbox>) {
         let record = sandbox.record();
         if sandbox.phase() != Phase::Running || record.end_at > now_unix() {
             return; // extended or changed while the lock was being taken

@@ -24,6 +24,7 @@
 mod checkpoint;
 mod create;
 mod expiry;
+mod freezer;
 mod kill;
 pub mod metrics;
 mod pools;
@@ -36,7 +37,7 @@ mod tests;
 mod volume_use;
 
 pub use recovery::{adoptable_policies, RecoveryReport};
-pub use sandbox::{Phase, Sandbox};
+pub use sandbox::{Awake, Phase, Sandbox};
 
 use crate::driver::{Driver, DriverError, Resources};
 use crate::egress::Egress;
@@ -106,6 +107,9 @@ pub trait AgentClient: Send + Sync + 'static {
     /// Ends every process of the sandbox but the agent, which forgets what it kept for them:
     /// what is left is its files, as after a boot.
     async fn reboot(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<(), String>;
+    /// A process that keeps the sandbox awake (`"1234 sleep"`), or `None` when nothing in it
+    /// may be running or waiting for a time of its own: it may then be frozen.
+    async fn busy(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Option<String>, String>;
 }
 
 /// A command for [`AgentClient::run`].
@@ -167,6 +171,9 @@ pub struct Limits {
     pub pool_idle: Duration,
     /// How long a template's ready command may take to succeed once its sandbox boots.
     pub ready_timeout: Duration,
+    /// A running sandbox with no traffic for this long, in which nothing runs, is frozen until
+    /// its next request (`None`: never).
+    pub freeze_after: Option<Duration>,
 }
 
 /// What one API key may hold at once.
@@ -204,6 +211,7 @@ impl Default for Limits {
             pool_memory_mb: 2048,
             pool_idle: Duration::from_secs(30 * 60),
             ready_timeout: Duration::from_secs(300),
+            freeze_after: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -397,6 +405,7 @@ impl Lifecycle {
     /// while it is paused.
     pub async fn logs(&self, id: &str) -> Result<Arc<[LogEntry]>, LifecycleError> {
         let sandbox = self.find(id)?;
+        let _awake = self.wake(&sandbox);
         match sandbox.agent() {
             Some(addr) => self
                 .agent

@@ -79,6 +79,7 @@ impl Lifecycle {
         };
         self.refill.notify_one();
         let pooled = pooled?;
+        self.set_pooled_frozen(&pooled.id, false);
         if pooled.image.as_deref() != Some(self.golden_image(template).as_str()) {
             // Restored before the template was rebuilt.
             self.destroying
@@ -102,12 +103,25 @@ impl Lifecycle {
                 .spawn(self.release(pooled.id, pooled.placement.slot));
             return;
         };
+        self.set_pooled_frozen(&pooled.id, true);
         self.pools
             .lock()
             .entry(name)
             .or_default()
             .ready
             .push(pooled);
+    }
+
+    /// Freezes a ready sandbox while it waits in its pool (nothing of anyone's runs in it
+    /// yet), or thaws it when a create takes it. A failure is logged: the create then finds
+    /// its agent not answering, as for any broken pooled sandbox.
+    fn set_pooled_frozen(&self, id: &SandboxId, frozen: bool) {
+        if frozen && self.limits.freeze_after.is_none() {
+            return;
+        }
+        if let Err(e) = self.driver.set_frozen(id, frozen) {
+            tracing::warn!(sandbox = %id, frozen, error = %e, "freezing or thawing a pooled sandbox failed");
+        }
     }
 
     /// Keeps every template's golden image made and its pool full, until `stop` fires.
@@ -297,7 +311,10 @@ impl Lifecycle {
                         ..Default::default()
                     };
                     match self.agent.init(started.placement.agent, None, &init).await {
-                        Ok(()) => Ok(started),
+                        Ok(()) => {
+                            self.set_pooled_frozen(&started.id, true);
+                            Ok(started)
+                        }
                         Err(e) => {
                             self.release(started.id, started.placement.slot).await;
                             Err(e.into())

@@ -16,13 +16,13 @@
 //! only to a `Running` sandbox, the API shows `Starting` and `Stopping` ones to nobody, and
 //! admission counts the phases that hold a place among the running.
 
-use crate::driver::Placement;
+use crate::driver::{DriverError, Placement};
 use crate::ids::SandboxId;
 use crate::store::{SandboxRecord, SandboxState};
 use airlock_wire::logs::LogEntry;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
@@ -91,6 +91,49 @@ struct State {
     stopped: CancellationToken,
     /// Its log as it was when it was paused (its agent, which holds it, is then on disk).
     paused_log: Arc<[LogEntry]>,
+    activity: Activity,
+}
+
+/// What the freezer goes by: a running sandbox's traffic, and whether it is frozen.
+struct Activity {
+    /// Requests and proxied streams to it open now.
+    in_flight: u32,
+    /// Bumped at every start and end of traffic: a freeze decided before is dropped.
+    generation: u64,
+    /// Since when nothing has been in flight.
+    quiet_since: Instant,
+    /// Its agent said something runs: not asked again before this.
+    next_check: Instant,
+    frozen: bool,
+}
+
+impl Activity {
+    fn new() -> Self {
+        let now = Instant::now();
+        Activity {
+            in_flight: 0,
+            generation: 0,
+            quiet_since: now,
+            next_check: now,
+            frozen: false,
+        }
+    }
+}
+
+/// Traffic to a sandbox, counted from [`Sandbox::wake`] until it is dropped: the sandbox is
+/// not frozen meanwhile.
+pub struct Awake {
+    sandbox: Arc<Sandbox>,
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        let mut state = self.sandbox.state();
+        let activity = &mut state.activity;
+        activity.in_flight = activity.in_flight.saturating_sub(1);
+        activity.generation += 1;
+        activity.quiet_since = Instant::now();
+    }
 }
 
 /// How long a verb waits for another one on the same sandbox.
@@ -113,6 +156,7 @@ impl Sandbox {
                 placement,
                 stopped: CancellationToken::new(),
                 paused_log: Arc::new([]),
+                activity: Activity::new(),
             }),
             changed: Notify::new(),
         })
@@ -196,6 +240,12 @@ impl Sandbox {
                 Some(_) => {}
                 None => state.stopped.cancel(),
             }
+            if state.placement != placement {
+                // Not running, or running anew (restored): awake either way. Traffic in flight
+                // stays counted: its guards are dropped later.
+                state.activity.frozen = false;
+                state.activity.quiet_since = Instant::now();
+            }
             state.phase = phase;
             state.placement = placement;
             let slot = placement.map(|p| p.slot);
@@ -223,6 +273,65 @@ impl Sandbox {
     /// Cuts its open streams (it is about to be saved); it keeps running until told otherwise.
     pub(super) fn cut_streams(&self) {
         self.state().stopped.cancel();
+    }
+
+    /// Counts traffic to it until the guard is dropped, thawing it first with `thaw` if it is
+    /// frozen. A failed thaw is logged: the traffic then fails as it would for any sandbox
+    /// that does not answer.
+    pub fn wake(self: &Arc<Self>, thaw: impl FnOnce() -> Result<(), DriverError>) -> Awake {
+        let mut state = self.state();
+        let activity = &mut state.activity;
+        if activity.frozen {
+            match thaw() {
+                Ok(()) => activity.frozen = false,
+                Err(e) => tracing::warn!(id = %self.id, error = %e, "thawing failed"),
+            }
+        }
+        activity.in_flight += 1;
+        activity.generation += 1;
+        Awake {
+            sandbox: self.clone(),
+        }
+    }
+
+    /// Whether it is frozen now.
+    pub fn is_frozen(&self) -> bool {
+        self.state().activity.frozen
+    }
+
+    /// Its traffic generation, if it runs, is awake, has had nothing in flight for `quiet_for`
+    /// and is due to be asked whether anything in it runs.
+    pub(super) fn freeze_candidate(&self, quiet_for: Duration) -> Option<u64> {
+        let state = self.state();
+        let activity = &state.activity;
+        let now = Instant::now();
+        (state.phase == Phase::Running
+            && !activity.frozen
+            && activity.in_flight == 0
+            && now >= activity.quiet_since + quiet_for
+            && now >= activity.next_check)
+            .then_some(activity.generation)
+    }
+
+    /// Freezes it with `freeze` if it still runs and no traffic came or went since
+    /// `generation`. Whether it froze.
+    pub(super) fn freeze_if_quiet(
+        &self,
+        generation: u64,
+        freeze: impl FnOnce() -> Result<(), DriverError>,
+    ) -> Result<bool, DriverError> {
+        let mut state = self.state();
+        if state.phase != Phase::Running || state.activity.generation != generation {
+            return Ok(false);
+        }
+        freeze()?;
+        state.activity.frozen = true;
+        Ok(true)
+    }
+
+    /// Something in it runs: it is not asked again for `delay`.
+    pub(super) fn check_again_in(&self, delay: Duration) {
+        self.state().activity.next_check = Instant::now() + delay;
     }
 
     /// Takes the verb lock if no verb is at work.

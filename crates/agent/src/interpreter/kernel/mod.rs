@@ -218,6 +218,7 @@ impl Kernel {
             stderr: String::new(),
         })? as i32;
         crate::reaper::track(pid as u32);
+        crate::idle::quiet(pid);
         let group = GroupGuard(pid);
 
         let stderr_tail = Arc::new(Mutex::new(Vec::<u8>::new()));

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 mod admission;
+mod freezer;
 
 /// What every image of the recording driver takes on disk.
 const IMAGE_SIZE: u64 = 3 << 20;
@@ -18,6 +19,7 @@ struct RecordingDriver {
     destroyed: Mutex<Vec<SandboxId>>,
     swept_keep: Mutex<Vec<SandboxId>>,
     images: Mutex<HashSet<String>>,
+    frozen: Mutex<HashSet<SandboxId>>,
     /// The policy in force per slot, as launches, restores and `set_egress` left it.
     egress: Mutex<HashMap<u32, Egress>>,
     /// Slots are handed out in order and never reused.
@@ -29,6 +31,10 @@ struct RecordingDriver {
 }
 
 impl RecordingDriver {
+    fn is_frozen(&self, id: &SandboxId) -> bool {
+        self.frozen.lock().unwrap().contains(id)
+    }
+
     fn place(&self, spec: &LaunchSpec) -> Placement {
         let slot = self
             .next_slot
@@ -86,6 +92,7 @@ impl Driver for RecordingDriver {
             return Err(DriverError::NoSpace("disk full".into()));
         }
         assert!(self.running.lock().unwrap().contains(id));
+        assert!(!self.is_frozen(id), "a verb wakes the sandbox it works on");
         self.images.lock().unwrap().insert(image.to_owned());
         Ok(())
     }
@@ -105,6 +112,14 @@ impl Driver for RecordingDriver {
     }
     fn fingerprint(&self) -> String {
         "test".into()
+    }
+    fn set_frozen(&self, id: &SandboxId, frozen: bool) -> Result<(), DriverError> {
+        let mut set = self.frozen.lock().unwrap();
+        match frozen {
+            true => set.insert(id.clone()),
+            false => set.remove(id),
+        };
+        Ok(())
     }
     fn memory_used(&self, _id: &SandboxId) -> Option<u64> {
         None
@@ -146,6 +161,8 @@ impl Driver for RecordingDriver {
 struct TestAgent {
     first_copy_dead: std::sync::atomic::AtomicBool,
     reboots: std::sync::atomic::AtomicUsize,
+    /// What it says keeps its sandboxes awake.
+    busy: Mutex<Option<String>>,
 }
 
 impl TestAgent {
@@ -194,6 +211,9 @@ impl AgentClient for TestAgent {
         self.reboots
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
+    }
+    async fn busy(&self, _: Ipv4Addr, _: Option<&str>) -> Result<Option<String>, String> {
+        Ok(self.busy.lock().unwrap().clone())
     }
     async fn logs(&self, _: Ipv4Addr, _: Option<&str>) -> Result<Vec<LogEntry>, String> {
         Ok(vec![LogEntry {
