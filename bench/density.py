@@ -7,7 +7,7 @@ host has memory to spare), and reports at each N:
   * host memory per idle sandbox (the drop in `MemAvailable` since the start, divided by N);
   * a neighbour's command latency: another sandbox's `commands.run("echo ok")`, 2 s apart (so
     each one finds it frozen again and thaws it);
-  * a paced create series: create → first command → kill, 1 s apart.
+  * a paced create series: create → first command → kill, 1 s apart (failures are shown).
 
 Run it with bench/run.sh density [--counts 200,500,1000] [--freeze-after-ms 0 to compare]."""
 
@@ -93,21 +93,30 @@ def main():
         baseline_mb = mem_available_mb()
         neighbour = Sandbox.create("base", timeout=3600)
 
+        failures = []
+
         def make():
-            sbx = Sandbox.create("base", timeout=3600)
-            sbx.commands.run("true")
-            return sbx
+            try:
+                sbx = Sandbox.create("base", timeout=3600)
+                sbx.commands.run("echo ok")
+                return [sbx]
+            except Exception as e:  # counted and shown, not hidden
+                failures.append(e)
+                print(f"  create failed: {e}", file=sys.stderr)
+                return []
 
         print(f"freeze after {args.freeze_after_ms} ms; host MemAvailable {baseline_mb} MiB")
         for n in counts:
             started = time.monotonic()
             with ThreadPoolExecutor(args.parallel) as pool:
-                while len(held) < n and mem_available_mb() > RESERVE_MB:
+                while len(held) < n and mem_available_mb() > RESERVE_MB and len(failures) < 10:
                     batch = min(args.parallel * 4, n - len(held))
-                    held.extend(pool.map(lambda _: make(), range(batch)))
+                    for made in pool.map(lambda _: make(), range(batch)):
+                        held.extend(made)
             filled = time.monotonic() - started
             if len(held) < n:
-                print(f"memory allows {len(held)} sandboxes, not {n}")
+                print(f"held {len(held)} sandboxes, not {n}: {len(failures)} creates failed, "
+                      f"MemAvailable {mem_available_mb()} MiB")
             time.sleep(15)  # let them go quiet
             ids = [s.sandbox_id for s in held]
             cores = cores_used()
@@ -127,12 +136,13 @@ def main():
             create_times = []
             for _ in range(10):
                 start = time.monotonic()
-                sbx = Sandbox.create("base")
-                sbx.commands.run("echo ok")
-                create_times.append(time.monotonic() - start)
-                sbx.kill()
+                made = make()
+                if made:
+                    create_times.append(time.monotonic() - start)
+                    made[0].kill()
                 time.sleep(1)
-            print(f"  paced create → echo     {ms_summary(create_times)}")
+            if create_times:
+                print(f"  paced create → first command {ms_summary(create_times)}")
             if len(held) < n:
                 break
     finally:
