@@ -136,12 +136,11 @@ pub(crate) fn set_memory_limit(id: &str, bytes: u64) -> Result<(), DriverError> 
         .map_err(DriverError::io(format!("writing {}", file.display())))
 }
 
-/// Removes the sandbox's cgroup directories. Processes still in them are killed first: a runsc
-/// killed half-way through `run` or `restore` leaves its sandbox and gofer running, unknown to
-/// `runsc delete`, and the cgroup is the one place that still names them.
+/// Removes the sandbox's cgroup directories, which the caller has thawed. Processes still in
+/// them are killed first: a runsc killed half-way through `run` or `restore` leaves its sandbox
+/// and gofer running, unknown to `runsc delete`, and the cgroup is the one place that still
+/// names them.
 pub(crate) fn remove(id: &str) -> Result<(), DriverError> {
-    // A frozen process takes its SIGKILL only once thawed.
-    set_frozen(id, false)?;
     let parents = parents();
     let mut killed = false;
     for parent in &parents {

@@ -124,18 +124,7 @@ impl AgentClient for HttpAgentClient {
     }
 
     async fn logs(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Vec<LogEntry>, String> {
-        let body = self
-            .request(
-                Method::GET,
-                addr,
-                LOGS_PATH,
-                token,
-                None,
-                Duration::from_secs(5),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        serde_json::from_slice(&body).map_err(|e| e.to_string())
+        self.get_json(addr, LOGS_PATH, token).await
     }
 
     async fn reboot(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<(), String> {
@@ -148,24 +137,27 @@ impl AgentClient for HttpAgentClient {
     }
 
     async fn busy(&self, addr: Ipv4Addr, token: Option<&str>) -> Result<Option<String>, String> {
-        let body = self
-            .request(
-                Method::GET,
-                addr,
-                IDLE_PATH,
-                token,
-                None,
-                Duration::from_secs(5),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        serde_json::from_slice::<IdleReport>(&body)
-            .map(|report| report.busy)
-            .map_err(|e| format!("reading its answer: {e}"))
+        let report: IdleReport = self.get_json(addr, IDLE_PATH, token).await?;
+        Ok(report.busy)
     }
 }
 
 impl HttpAgentClient {
+    /// The JSON answer of a `GET` of the agent's `path`, within 5 s.
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        addr: Ipv4Addr,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<T, String> {
+        let within = Duration::from_secs(5);
+        let body = self
+            .request(Method::GET, addr, path, token, None, within)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice(&body).map_err(|e| format!("reading its answer: {e}"))
+    }
+
     /// A request to the agent's `path`, with the sandbox's access token if it has one and a
     /// JSON body if given; the answer's body, if it was a success within `within`.
     async fn request(

@@ -25,15 +25,6 @@ impl Lifecycle {
         sandbox.wake(|| self.driver.set_frozen(sandbox.id(), false))
     }
 
-    /// How many running sandboxes are frozen now.
-    pub fn frozen_count(&self) -> usize {
-        self.sandboxes
-            .all()
-            .iter()
-            .filter(|s| s.is_frozen())
-            .count()
-    }
-
     /// Freezes idle sandboxes until `stop` fires; does nothing if freezing is off.
     pub async fn run_freezer(self: Arc<Self>, stop: CancellationToken) {
         let Some(quiet_for) = self.limits.freeze_after else {

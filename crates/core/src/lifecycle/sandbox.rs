@@ -278,7 +278,7 @@ impl Sandbox {
     /// Counts traffic to it until the guard is dropped, thawing it first with `thaw` if it is
     /// frozen. A failed thaw is logged: the traffic then fails as it would for any sandbox
     /// that does not answer.
-    pub fn wake(self: &Arc<Self>, thaw: impl FnOnce() -> Result<(), DriverError>) -> Awake {
+    pub(super) fn wake(self: &Arc<Self>, thaw: impl FnOnce() -> Result<(), DriverError>) -> Awake {
         let mut state = self.state();
         let activity = &mut state.activity;
         if activity.frozen {
@@ -295,7 +295,8 @@ impl Sandbox {
     }
 
     /// Whether it is frozen now.
-    pub fn is_frozen(&self) -> bool {
+    #[cfg(test)]
+    pub(super) fn is_frozen(&self) -> bool {
         self.state().activity.frozen
     }
 
