@@ -21,6 +21,7 @@ pub mod reaper;
 pub mod reboot;
 pub mod rlimits;
 pub mod rpc;
+pub mod spawn;
 pub mod state;
 pub mod sudo;
 pub mod users;

@@ -5,6 +5,7 @@
 //! affects the process. Only a `Connect-Timeout-Ms` deadline on Start or a SendSignal ends it.
 
 use crate::rpc::{self, RpcError, RpcResult, StreamSender};
+use crate::spawn;
 use crate::state::AgentState;
 use crate::users::User;
 use airlock_wire::connect::{Code, ConnectError};
@@ -23,14 +24,15 @@ use axum::routing::post;
 use axum::{Json, Router};
 use nix::sys::signal::{killpg, Signal as NixSignal};
 use nix::unistd::Pid;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 /// Output is read and forwarded in chunks of at most this size (as envd does).
@@ -52,7 +54,7 @@ pub fn routes() -> Router<AgentState> {
 
 /// Where a process's input goes.
 enum Input {
-    Pipe(tokio::process::ChildStdin),
+    Pipe(pipe::Sender),
     Pty(tokio::fs::File),
 }
 
@@ -240,66 +242,37 @@ fn spawn(
         )));
     }
 
-    let mut cmd = std::process::Command::new(program(&config.cmd));
-    cmd.args(&config.args)
-        .current_dir(&cwd)
-        .env_clear()
-        .envs(user.base_env())
-        .envs(&sandbox.env_vars)
-        .envs(&config.envs)
-        .uid(user.uid)
-        .gid(user.gid);
-    crate::rlimits::cap_processes(&mut cmd);
-
-    let pty = req.pty.map(|p| open_pty(p.size)).transpose()?;
-    let mut child = match &pty {
-        Some((master, slave)) => {
-            let stdio = |fd: &OwnedFd| -> Result<Stdio, RpcError> {
-                fd.try_clone()
-                    .map(Stdio::from)
-                    .map_err(|e| RpcError::internal(format!("duplicating terminal: {e}")))
-            };
-            cmd.stdin(stdio(slave)?)
-                .stdout(stdio(slave)?)
-                .stderr(stdio(slave)?);
-            let master_fd = master.as_raw_fd();
-            // SAFETY: between fork and exec we only make async-signal-safe syscalls (setsid,
-            // ioctl, close) on descriptors that stay valid in the child.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    libc::close(master_fd);
-                    Ok(())
-                });
-            }
-            tokio::process::Command::from(cmd).spawn()
-        }
-        None => {
-            // A missing `stdin` field means true (the pre-0.3 default).
-            let stdin = if req.stdin.unwrap_or(true) {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            };
-            cmd.stdin(stdin)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-            tokio::process::Command::from(cmd).spawn()
-        }
-    }
-    .map_err(|e| spawn_error(&config.cmd, &e))?;
-
-    let pid = child
-        .id()
-        .ok_or_else(|| RpcError::internal("process exited before it was registered"))?;
+    let env: BTreeMap<String, String> = user
+        .base_env()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(sandbox.env_vars)
+        .chain(config.envs.clone())
+        .collect();
+    let stdio = match req.pty {
+        Some(pty) => spawn::Stdio::Terminal {
+            rows: pty.size.rows.clamp(1, u16::MAX as u32) as u16,
+            cols: pty.size.cols.clamp(1, u16::MAX as u32) as u16,
+        },
+        // A missing `stdin` field means true (the pre-0.3 default).
+        None => spawn::Stdio::Pipes {
+            stdin: req.stdin.unwrap_or(true),
+        },
+    };
+    let spec = spawn::Spec {
+        program: program(&config.cmd).to_owned(),
+        args: config.args.clone(),
+        env,
+        cwd,
+        uid: user.uid,
+        gid: user.gid,
+        stdio,
+    };
+    let child = spawn::spawn(&spec).map_err(|e| spawn_error(&config.cmd, &e))?;
+    let pid = child.pid;
     crate::reaper::track(pid);
-    let (input, pty_master, pumps) = match pty {
-        Some((master, _slave)) => {
-            // `_slave` drops here: the parent must not hold the terminal open, or reads of the
-            // master never see the end.
+    let (input, pty_master, pumps) = match child.terminal {
+        Some(master) => {
             let reader = tokio::fs::File::from_std(std::fs::File::from(
                 master
                     .try_clone()
@@ -317,14 +290,27 @@ fn spawn(
             )
         }
         None => {
+            let receiver = |fd: Option<OwnedFd>| -> Result<Option<BoxedReader>, RpcError> {
+                fd.map(|fd| {
+                    pipe::Receiver::from_owned_fd(fd)
+                        .map(|r| Box::new(r) as BoxedReader)
+                        .map_err(|e| RpcError::internal(format!("reading output: {e}")))
+                })
+                .transpose()
+            };
             let mut pumps: Vec<(BoxedReader, OutputKind)> = Vec::new();
-            if let Some(out) = child.stdout.take() {
-                pumps.push((Box::new(out), OutputKind::Stdout));
+            if let Some(out) = receiver(child.stdout)? {
+                pumps.push((out, OutputKind::Stdout));
             }
-            if let Some(err) = child.stderr.take() {
-                pumps.push((Box::new(err), OutputKind::Stderr));
+            if let Some(err) = receiver(child.stderr)? {
+                pumps.push((err, OutputKind::Stderr));
             }
-            (child.stdin.take().map(Input::Pipe), None, pumps)
+            let stdin = child
+                .stdin
+                .map(pipe::Sender::from_owned_fd)
+                .transpose()
+                .map_err(|e| RpcError::internal(format!("opening input: {e}")))?;
+            (stdin.map(Input::Pipe), None, pumps)
         }
     };
 
@@ -354,7 +340,7 @@ fn spawn(
     let agent = agent.clone();
     let waiter = handle.clone();
     tokio::spawn(async move {
-        let status = child.wait().await;
+        let status = spawn::wait(pid).await;
         for task in pump_tasks {
             let _ = task.await;
         }
@@ -513,18 +499,6 @@ fn signal_name(sig: i32) -> String {
         other => return format!("signal {other}"),
     };
     name.to_owned()
-}
-
-fn open_pty(size: PtySize) -> Result<(OwnedFd, OwnedFd), RpcError> {
-    let winsize = nix::pty::Winsize {
-        ws_row: size.rows.clamp(1, u16::MAX as u32) as u16,
-        ws_col: size.cols.clamp(1, u16::MAX as u32) as u16,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&winsize), None)
-        .map_err(|e| RpcError::internal(format!("opening a terminal: {e}")))?;
-    Ok((pty.master, pty.slave))
 }
 
 fn resize_pty(master: &OwnedFd, size: PtySize) -> Result<(), RpcError> {
