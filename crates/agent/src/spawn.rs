@@ -235,7 +235,11 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
 
 /// Returns only on failure, with the errno of the step that failed.
 unsafe fn prepare_and_exec(plan: &ChildPlan) -> c_int {
-    let errno = || io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL)
+    };
     for sig in 1..=64 {
         let mut action: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut action) == 0
@@ -294,13 +298,17 @@ unsafe fn exec_first(plan: &ChildPlan) -> c_int {
     let mut last = libc::ENOENT;
     for candidate in &plan.candidates {
         libc::execve(candidate.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
-        last = io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOENT);
+        last = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT);
         match last {
             libc::ENOEXEC => {
                 let sh_argv = plan.sh_argv.as_ptr() as *mut *const c_char;
                 *sh_argv.add(1) = candidate.as_ptr();
                 libc::execve(SH.as_ptr(), sh_argv, plan.envp.as_ptr());
-                return io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOEXEC);
+                return io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::ENOEXEC);
             }
             libc::EACCES => denied = true,
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
