@@ -19,6 +19,7 @@
 use crate::disk::{self, Lifetime};
 use airlock_core::driver::DriverError;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::SFlag;
 use std::path::{Path, PathBuf};
 
 fn image(dir: &Path) -> PathBuf {
@@ -73,7 +74,11 @@ pub(crate) fn attach(hub: &Path, volumes: &[PathBuf]) -> Result<(), DriverError>
     )
     .map_err(failed(format!("mounting a tmpfs at {}", hub.display())))?;
     let inside = |name: &str| hub.join(name);
-    std::fs::File::create(inside(AGENT_FILE))
+    // Made with mknod, not opened: a descriptor open for writing, even one that a fork in
+    // another thread holds for a moment before its exec, makes the read-only remount fail.
+    let file_mode = nix::sys::stat::Mode::from_bits_truncate(0o644);
+    nix::sys::stat::mknod(&inside(AGENT_FILE), SFlag::S_IFREG, file_mode, 0)
+        .map_err(std::io::Error::from)
         .and_then(|_| std::fs::create_dir(inside("volumes")))
         .map_err(DriverError::io(format!("filling {}", hub.display())))?;
     for (index, volume) in volumes.iter().enumerate() {
