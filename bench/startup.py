@@ -8,6 +8,9 @@ and pools are ready, then reports p50/p95/p99, min, max and success rate of:
     and creates restore on demand);
   * a fresh code-interpreter sandbox → its first `run_code` that uses pandas;
   * resume of a paused sandbox → its first command (`Sandbox.connect()` + `commands.run`);
+  * bursts: N creates at once (`--bursts`), each then running its first command; the wall time
+    of each burst and every create's own time, for a few bursts in a row (`--rounds`, 20 s
+    apart: the pool grows with demand, so later bursts find more sandboxes ready);
   * the same with network rules (applied to a pooled sandbox as it is handed over) and with a
     size of its own (`memoryMB`: no pool, the golden image is restored on demand);
   * what a command costs inside gVisor (bash -l vs /bin/true), the floor under the figures above;
@@ -107,7 +110,7 @@ def mem_available():
 
 
 # What `--only` can pick; each is a group of the rows described at the top.
-SECTIONS = ["cold", "create", "variants", "interpreter", "resume", "floor", "idle"]
+SECTIONS = ["cold", "create", "burst", "variants", "interpreter", "resume", "floor", "idle"]
 
 
 def main():
@@ -118,6 +121,8 @@ def main():
     ap.add_argument("--pool-size", type=int, default=2)
     ap.add_argument("--idle", type=int, default=50,
                     help="sandboxes held at once for the memory figure (each idle sandbox costs 3-5%% of a core here)")
+    ap.add_argument("--bursts", default="20,40", help="comma-separated burst sizes (creates at once)")
+    ap.add_argument("--rounds", type=int, default=3, help="bursts of each size, 20 s apart")
     ap.add_argument("--data-dir", required=True, help="a data dir prepared by scripts/prepare.sh")
     ap.add_argument("--only", default=",".join(SECTIONS),
                     help=f"comma-separated sections to run, of: {', '.join(SECTIONS)} (default: all)")
@@ -174,6 +179,13 @@ def main():
             print(row("create → first command, back to back", timed(n, create_then_command), n))
             time.sleep(5)
 
+        if "burst" in only:
+            for size in [int(b) for b in args.bursts.split(",")]:
+                for r in range(1, args.rounds + 1):
+                    wall, each = burst(size, create_then_command)
+                    print(row(f"{size} at once, burst {r}: each (wall {wall:.2f} s)", each, size))
+                    time.sleep(20)
+
         def with_rules():
             rules = {"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]}
             return create_then_command(lambda: Sandbox.create("base", network=rules))
@@ -222,6 +234,28 @@ def main():
             hold_idle(args.idle)
     finally:
         srv.stop()
+
+
+def burst(size, create_then_command):
+    """`size` creates at once, each followed by its first command. Returns the wall time in
+    seconds, from the burst's start until the last first command answered (the kills after each
+    command are not counted), and each create's own time in ms."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def once(_):
+        started = time.perf_counter()
+        try:
+            ms = create_then_command()
+            return ms, started + ms / 1000
+        except Exception as e:  # counted in the success rate, not hidden
+            print(f"  failure: {e}", file=sys.stderr)
+            return None
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(size) as pool:
+        results = [r for r in pool.map(once, range(size)) if r is not None]
+    wall = max((end for _, end in results), default=t0) - t0
+    return wall, [ms for ms, _ in results]
 
 
 def floor():

@@ -1,5 +1,6 @@
 """Lifecycle through the stock SDK and the raw API: list by metadata, kill, timeouts, bad input."""
 
+import concurrent.futures
 import json
 import subprocess
 import time
@@ -308,6 +309,18 @@ class PoolWatch:
                 templates.append(Path(root).name.rsplit("-", 1)[0])
         return sorted(templates)
 
+    def settled(self, count):
+        """`count(templates)` once it has stayed the same for 10 s (within 2 minutes)."""
+        last, since = None, time.time()
+        for _ in range(240):
+            now = count(self.templates())
+            if now != last:
+                last, since = now, time.time()
+            elif time.time() - since >= 10:
+                return now
+            time.sleep(0.5)
+        raise AssertionError(f"the pools did not settle: {self.templates()}")
+
     def wait_for(self, done, what):
         """Waits up to 2 minutes for `done(templates)`."""
         for _ in range(240):
@@ -331,6 +344,32 @@ def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server
     finally:
         sbx.kill()
     pools.wait_for(lambda pooled: len(pooled) >= 1, "base's pool was not filled again")
+
+
+def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
+    """A create that finds its template's pool empty makes the pool keep one more (up to
+    `--pool-max`), so the next burst finds them ready; with no create finding it empty for
+    `--pool-shrink-secs`, the pool halves what it keeps beyond `--pool-size`."""
+    pools = PoolWatch(server)
+    restarted("--pool-shrink-secs", "15", "--pool-max", "6")
+    # Templates built by other tests may share base's root filesystem, and so count as "base"
+    # here: their pools are counted once they have settled, and must stay as they are.
+    others = pools.settled(lambda pooled: pooled.count("base")) - 2
+    with concurrent.futures.ThreadPoolExecutor(10) as burst:
+        sandboxes = list(burst.map(lambda _: Sandbox.create("base"), range(10)))
+    pools.handed.update(s.sandbox_id for s in sandboxes)
+    try:
+        for sbx in sandboxes:
+            assert sbx.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        for sbx in sandboxes:
+            sbx.kill()
+    # At most a few came from the pool (two, and any it refilled meanwhile); the rest found it
+    # empty, more than the four it takes to reach --pool-max: it grows to that, not past it.
+    pools.wait_for(lambda pooled: pooled.count("base") - others == 6,
+                   "base's pool did not grow to 6")
+    pools.wait_for(lambda pooled: pooled.count("base") - others == 2,
+                   "base's pool did not shrink back to 2")
 
 
 def test_the_pools_share_a_memory_budget(server, restarted):

@@ -83,6 +83,17 @@ enum Command {
         /// create then boots a sandbox.
         #[arg(long, default_value_t = 2, env = "AIRLOCK_POOL_SIZE")]
         pool_size: usize,
+        /// The most ready sandboxes one template's pool grows to. Each create that finds the
+        /// pool empty (it then restores the golden image itself, a few hundred ms slower) makes
+        /// the pool keep one more, so the next burst of creates finds them ready. Pooled
+        /// sandboxes wait frozen: they cost memory (about 20 MiB each, within
+        /// --pool-memory-mb) and no CPU.
+        #[arg(long, default_value_t = 32, env = "AIRLOCK_POOL_MAX")]
+        pool_max: usize,
+        /// Seconds after which a grown pool halves what it keeps beyond --pool-size, if no
+        /// create has found it empty meanwhile.
+        #[arg(long, default_value_t = 60, env = "AIRLOCK_POOL_SHRINK_SECS")]
+        pool_shrink_secs: u64,
         /// Seconds a template's pool is kept with no create of it. Then it is emptied (the
         /// idle sandboxes cost memory and CPU); its next create restores the golden image
         /// itself, a few hundred ms slower, and the pool is filled again.
@@ -229,6 +240,8 @@ async fn run(cli: Cli) -> ExitCode {
             key_max_snapshot_mb,
             default_timeout,
             pool_size,
+            pool_max,
+            pool_shrink_secs,
             pool_idle_secs,
             pool_memory_mb,
             freeze_after_ms,
@@ -264,6 +277,8 @@ async fn run(cli: Cli) -> ExitCode {
                 },
                 default_timeout: Duration::from_secs(default_timeout),
                 pool_size,
+                pool_max: pool_max.max(pool_size),
+                pool_shrink_after: Duration::from_secs(pool_shrink_secs),
                 pool_idle: Duration::from_secs(pool_idle_secs),
                 pool_memory_mb,
                 freeze_after: (freeze_after_ms > 0).then(|| Duration::from_millis(freeze_after_ms)),

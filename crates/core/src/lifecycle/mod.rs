@@ -160,6 +160,11 @@ pub struct Limits {
     pub agent_start_timeout: Duration,
     /// Ready sandboxes kept per template (0 turns pools and golden images off).
     pub pool_size: usize,
+    /// The most ready sandboxes one template's pool grows to when creates find it empty.
+    pub pool_max: usize,
+    /// A grown pool halves what it keeps beyond `pool_size` after this long with no create
+    /// finding it empty.
+    pub pool_shrink_after: Duration,
     /// Pools are not refilled while the host has less memory available than this.
     pub pool_min_available_mb: u64,
     /// The most memory all pools' ready sandboxes may hold together (by their cgroups'
@@ -207,6 +212,8 @@ impl Default for Limits {
             },
             agent_start_timeout: Duration::from_secs(20),
             pool_size: 2,
+            pool_max: 32,
+            pool_shrink_after: Duration::from_secs(60),
             pool_min_available_mb: 2048,
             pool_memory_mb: 2048,
             pool_idle: Duration::from_secs(30 * 60),

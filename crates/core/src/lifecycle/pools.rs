@@ -2,6 +2,10 @@
 //! warmed up, and a few sandboxes already restored from it, so that a create only hands one
 //! over. Pooled sandboxes belong to no one and are not in the registry; they hold no place
 //! among the running until a create admits them.
+//!
+//! A pool grows with demand: each create that finds it empty makes it keep one more (up to
+//! `pool_max`), so the next burst of creates finds them ready. It shrinks back by half each
+//! `pool_shrink_after` in which no create found it empty.
 
 use super::checkpoint::checkpoint_error;
 use super::create::{Launch, Started};
@@ -32,6 +36,10 @@ struct Pool {
     filling: usize,
     /// When a create last asked for one (or the template was published, or first seen).
     wanted_at: Option<Instant>,
+    /// Kept ready beyond `pool_size`: one more for each create that found the pool empty.
+    extra: usize,
+    /// When a create last found the pool empty, or `extra` was last halved.
+    missed_at: Option<Instant>,
 }
 
 impl Pools {
@@ -69,13 +77,19 @@ impl Lifecycle {
     }
 
     /// Takes a ready sandbox of the template from its pool, if one is there. Either way the
-    /// template is wanted now: an emptied pool is filled again.
+    /// template is wanted now: an emptied pool is filled again, and one found empty grows.
     pub(super) fn take_pooled(&self, template: &TemplateRecord) -> Option<Started> {
         let pooled = {
             let mut pools = self.pools.lock();
             let pool = pools.entry(template.name.clone()).or_default();
             pool.wanted_at = Some(Instant::now());
-            pool.ready.pop()
+            let pooled = pool.ready.pop();
+            if pooled.is_none() {
+                let most = self.limits.pool_max.saturating_sub(self.limits.pool_size);
+                pool.extra = (pool.extra + 1).min(most);
+                pool.missed_at = Some(Instant::now());
+            }
+            pooled
         };
         self.refill.notify_one();
         let pooled = pooled?;
@@ -158,6 +172,10 @@ impl Lifecycle {
                 if announced.insert(golden.clone()) {
                     tracing::info!(template = %template.name, image = %golden, "golden image reused");
                 }
+                for surplus in self.shrink_pool(template) {
+                    self.destroying
+                        .spawn(self.release(surplus.id, surplus.placement.slot));
+                }
                 if let Some(unused) = self.idle_pool(template, pass_started) {
                     if !unused.is_empty() {
                         tracing::info!(template = %template.name, sandboxes = unused.len(), "emptying the pool of a template nobody created a sandbox of lately");
@@ -189,7 +207,30 @@ impl Lifecycle {
         let mut pools = self.pools.lock();
         let pool = pools.entry(template.name.clone()).or_default();
         let wanted_at = *pool.wanted_at.get_or_insert(pass_started);
-        (wanted_at.elapsed() >= self.limits.pool_idle).then(|| std::mem::take(&mut pool.ready))
+        (wanted_at.elapsed() >= self.limits.pool_idle).then(|| {
+            pool.extra = 0;
+            std::mem::take(&mut pool.ready)
+        })
+    }
+
+    /// Halves what a pool keeps beyond `pool_size` once no create has found it empty for
+    /// `pool_shrink_after`; returns the ready sandboxes it no longer keeps.
+    fn shrink_pool(&self, template: &TemplateRecord) -> Vec<Started> {
+        let mut pools = self.pools.lock();
+        let Some(pool) = pools.get_mut(&template.name) else {
+            return Vec::new();
+        };
+        let calm = pool
+            .missed_at
+            .is_none_or(|at| at.elapsed() >= self.limits.pool_shrink_after);
+        if pool.extra > 0 && calm {
+            pool.extra /= 2;
+            pool.missed_at = Some(Instant::now());
+            tracing::info!(template = %template.name, keep = self.limits.pool_size + pool.extra, "no create found the pool empty lately: it shrinks");
+        }
+        let keep = self.limits.pool_size + pool.extra;
+        let surplus = pool.ready.len().saturating_sub(keep);
+        pool.ready.drain(..surplus).collect()
     }
 
     /// Deletes golden images of templates as they were built before, of builds no tag names
@@ -277,8 +318,8 @@ impl Lifecycle {
         result
     }
 
-    /// Restores sandboxes from the golden image until the pool holds `pool_size` (while the
-    /// host has memory to spare, and within the pools' memory budget).
+    /// Restores sandboxes from the golden image until the pool holds `pool_size` and its
+    /// `extra` (while the host has memory to spare, and within the pools' memory budget).
     async fn fill_pool(&self, template: &TemplateRecord, golden: &str, stop: &CancellationToken) {
         loop {
             if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
@@ -292,7 +333,7 @@ impl Lifecycle {
             {
                 let mut pools = self.pools.lock();
                 let pool = pools.entry(template.name.clone()).or_default();
-                if pool.ready.len() + pool.filling >= self.limits.pool_size {
+                if pool.ready.len() + pool.filling >= self.limits.pool_size + pool.extra {
                     return;
                 }
                 pool.filling += 1;
