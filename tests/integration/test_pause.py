@@ -21,7 +21,9 @@ def test_pause_and_resume_keep_memory_files_and_processes(sandbox):
     sandbox.files.write("/home/user/before.txt", "written before the first pause")
     # A shell variable only exists in the process's memory.
     bg = sandbox.commands.run(
-        "counter=41; while true; do counter=$((counter+1)); echo $counter > /tmp/counter; sleep 0.2; done",
+        # Renamed into place, so that a read never sees the file between truncation and write.
+        "counter=41; while true; do counter=$((counter+1)); echo $counter > /tmp/counter.new;"
+        " mv /tmp/counter.new /tmp/counter; sleep 0.2; done",
         background=True,
     )
     time.sleep(0.6)
