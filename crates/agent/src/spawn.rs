@@ -63,9 +63,9 @@ struct ChildPlan {
     /// Paths to try in order, as `execvp` would.
     candidates: Vec<CString>,
     argv: Vec<*const c_char>,
-    /// `/bin/sh CANDIDATE ARGS...`, for a file that is not an executable format (`ENOEXEC`);
-    /// slot 1 is filled in by the child.
-    sh_argv: Vec<*const c_char>,
+    /// For each candidate, `/bin/sh CANDIDATE ARGS...`: how `execvp` runs a file that is not
+    /// an executable format (`ENOEXEC`).
+    sh_argvs: Vec<Vec<*const c_char>>,
     envp: Vec<*const c_char>,
     cwd: CString,
     uid: libc::uid_t,
@@ -93,13 +93,20 @@ pub fn spawn(spec: &Spec) -> io::Result<Child> {
         .iter()
         .map(|(k, v)| cstr(format!("{k}={v}").as_bytes()))
         .collect::<io::Result<_>>()?;
-    let candidates = candidates(&spec.program, spec.env.get("PATH"))
+    let candidates: Vec<CString> = candidates(&spec.program, spec.env.get("PATH"))
         .iter()
         .map(|p| cstr(p.as_os_str().as_bytes()))
         .collect::<io::Result<_>>()?;
     let argv = pointers(&args);
-    let mut sh_argv = vec![SH.as_ptr(), std::ptr::null()];
-    sh_argv.extend(&argv[1..]);
+    let sh_argvs = candidates
+        .iter()
+        .map(|c| {
+            [SH.as_ptr(), c.as_ptr()]
+                .into_iter()
+                .chain(argv[1..].iter().copied())
+                .collect()
+        })
+        .collect();
 
     let mut child = Child {
         pid: 0,
@@ -137,7 +144,7 @@ pub fn spawn(spec: &Spec) -> io::Result<Child> {
     let plan = ChildPlan {
         candidates,
         argv,
-        sh_argv,
+        sh_argvs,
         envp: pointers(&env),
         cwd: cstr(spec.cwd.as_os_str().as_bytes())?,
         uid: spec.uid,
@@ -296,16 +303,14 @@ unsafe fn prepare_and_exec(plan: &ChildPlan) -> c_int {
 unsafe fn exec_first(plan: &ChildPlan) -> c_int {
     let mut denied = false;
     let mut last = libc::ENOENT;
-    for candidate in &plan.candidates {
+    for (candidate, sh_argv) in plan.candidates.iter().zip(&plan.sh_argvs) {
         libc::execve(candidate.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         last = io::Error::last_os_error()
             .raw_os_error()
             .unwrap_or(libc::ENOENT);
         match last {
             libc::ENOEXEC => {
-                let sh_argv = plan.sh_argv.as_ptr() as *mut *const c_char;
-                *sh_argv.add(1) = candidate.as_ptr();
-                libc::execve(SH.as_ptr(), sh_argv, plan.envp.as_ptr());
+                libc::execve(SH.as_ptr(), sh_argv.as_ptr(), plan.envp.as_ptr());
                 return io::Error::last_os_error()
                     .raw_os_error()
                     .unwrap_or(libc::ENOEXEC);
