@@ -250,10 +250,7 @@ fn spawn(
         .chain(config.envs.clone())
         .collect();
     let stdio = match req.pty {
-        Some(pty) => spawn::Stdio::Terminal {
-            rows: pty.size.rows.clamp(1, u16::MAX as u32) as u16,
-            cols: pty.size.cols.clamp(1, u16::MAX as u32) as u16,
-        },
+        Some(pty) => spawn::Stdio::Terminal(winsize(pty.size)),
         // A missing `stdin` field means true (the pre-0.3 default).
         None => spawn::Stdio::Pipes {
             stdin: req.stdin.unwrap_or(true),
@@ -501,13 +498,18 @@ fn signal_name(sig: i32) -> String {
     name.to_owned()
 }
 
-fn resize_pty(master: &OwnedFd, size: PtySize) -> Result<(), RpcError> {
-    let winsize = libc::winsize {
+/// A terminal size as the kernel takes it, at least 1 by 1.
+fn winsize(size: PtySize) -> libc::winsize {
+    libc::winsize {
         ws_row: size.rows.clamp(1, u16::MAX as u32) as u16,
         ws_col: size.cols.clamp(1, u16::MAX as u32) as u16,
         ws_xpixel: 0,
         ws_ypixel: 0,
-    };
+    }
+}
+
+fn resize_pty(master: &OwnedFd, size: PtySize) -> Result<(), RpcError> {
+    let winsize = winsize(size);
     // SAFETY: TIOCSWINSZ reads a `winsize` from the pointer, which is valid for the call; the fd
     // is a terminal master we own.
     if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &winsize) } < 0 {

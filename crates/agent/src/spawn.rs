@@ -44,9 +44,9 @@ pub enum Stdio {
     /// Pipes for stdout and stderr, and for stdin unless `stdin` is false (then /dev/null); the
     /// child gets a process group of its own.
     Pipes { stdin: bool },
-    /// A new terminal of this size (rows, columns) on all three; the child leads a new session
-    /// with it as the controlling terminal, and the agent keeps the master side.
-    Terminal { rows: u16, cols: u16 },
+    /// A new terminal of this size on all three; the child leads a new session with it as the
+    /// controlling terminal, and the agent keeps the master side.
+    Terminal(libc::winsize),
 }
 
 /// A started child: its pid and the agent's ends of its pipes or terminal.
@@ -134,8 +134,8 @@ pub fn spawn(spec: &Spec) -> io::Result<Child> {
             let fds = [0, 1, 2].map(|i| theirs[i].as_raw_fd());
             (fds, false)
         }
-        Stdio::Terminal { rows, cols } => {
-            let (master, slave) = open_terminal(rows, cols)?;
+        Stdio::Terminal(size) => {
+            let (master, slave) = open_terminal(size)?;
             child.terminal = Some(master);
             theirs.push(slave);
             ([theirs[0].as_raw_fd(); 3], true)
@@ -160,13 +160,7 @@ pub fn spawn(spec: &Spec) -> io::Result<Child> {
 
 /// A new terminal (master, slave), both closed on exec: a child gets the slave side as its stdio
 /// only, and no child inherits another's terminal.
-fn open_terminal(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
-    let size = nix::pty::Winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
+fn open_terminal(size: libc::winsize) -> io::Result<(OwnedFd, OwnedFd)> {
     let pty = nix::pty::openpty(Some(&size), None)?;
     for fd in [&pty.master, &pty.slave] {
         let cloexec = nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC);
@@ -240,13 +234,14 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     unsafe { libc::_exit(127) }
 }
 
+/// The errno of the last failed call (read without allocating).
+fn errno() -> c_int {
+    // SAFETY: glibc's pointer to this thread's errno is always valid.
+    unsafe { *libc::__errno_location() }
+}
+
 /// Returns only on failure, with the errno of the step that failed.
 unsafe fn prepare_and_exec(plan: &ChildPlan) -> c_int {
-    let errno = || {
-        io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EINVAL)
-    };
     for sig in 1..=64 {
         let mut action: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut action) == 0
@@ -284,13 +279,9 @@ unsafe fn prepare_and_exec(plan: &ChildPlan) -> c_int {
     if session {
         return errno();
     }
-    let nproc = libc::rlimit {
-        rlim_cur: airlock_wire::MAX_PROCESSES,
-        rlim_max: airlock_wire::MAX_PROCESSES,
-    };
     let mut empty: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut empty);
-    if libc::setrlimit(libc::RLIMIT_NPROC, &nproc) < 0
+    if libc::setrlimit(libc::RLIMIT_NPROC, &crate::rlimits::PROCESS_CAP) < 0
         || libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0
     {
         return errno();
@@ -305,15 +296,11 @@ unsafe fn exec_first(plan: &ChildPlan) -> c_int {
     let mut last = libc::ENOENT;
     for (candidate, sh_argv) in plan.candidates.iter().zip(&plan.sh_argvs) {
         libc::execve(candidate.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
-        last = io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::ENOENT);
+        last = errno();
         match last {
             libc::ENOEXEC => {
                 libc::execve(SH.as_ptr(), sh_argv.as_ptr(), plan.envp.as_ptr());
-                return io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::ENOEXEC);
+                return errno();
             }
             libc::EACCES => denied = true,
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
@@ -490,8 +477,14 @@ mod tests {
     #[tokio::test]
     async fn a_terminal_child_sees_what_a_std_command_saw() {
         let _serial = ONE_AT_A_TIME.lock().await;
-        let (master, slave) = open_terminal(24, 80).unwrap();
-        let spec = probe_spec(Stdio::Terminal { rows: 24, cols: 80 });
+        let size = libc::winsize {
+            ws_row: 24,
+            ws_col: 80,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let (master, slave) = open_terminal(size).unwrap();
+        let spec = probe_spec(Stdio::Terminal(size));
         let mut cmd = std_command(&spec);
         let stdio = || std::process::Stdio::from(slave.try_clone().unwrap());
         cmd.stdin(stdio()).stdout(stdio()).stderr(stdio());
@@ -520,11 +513,16 @@ mod tests {
         assert!(seen.contains("/dev/pts/"), "{seen}");
     }
 
-    /// `spec` started as the test's own user, so that it may use the test's temp dir.
-    fn as_ourselves(spec: Spec) -> Spec {
+    /// The probe on pipes without input, started as the test's own user, so that it may use
+    /// the test's temp dir.
+    fn piped_as_ourselves() -> Spec {
         // SAFETY: plain getters.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        Spec { uid, gid, ..spec }
+        Spec {
+            uid,
+            gid,
+            ..probe_spec(Stdio::Pipes { stdin: false })
+        }
     }
 
     fn read_all(fd: Option<OwnedFd>) -> String {
@@ -541,7 +539,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let not_executable = dir.path().join("data");
         std::fs::write(&not_executable, "data").unwrap();
-        let mut spec = as_ourselves(probe_spec(Stdio::Pipes { stdin: false }));
+        let mut spec = piped_as_ourselves();
         spec.program = "no-such-program".into();
         assert_eq!(spawn(&spec).err().unwrap().kind(), io::ErrorKind::NotFound);
         spec.program = not_executable.to_string_lossy().into_owned();
@@ -562,7 +560,7 @@ mod tests {
         std::fs::write(&script, "echo \"ran with $# args: $*\"\n").unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let mut spec = as_ourselves(probe_spec(Stdio::Pipes { stdin: false }));
+        let mut spec = piped_as_ourselves();
         spec.program = script.to_string_lossy().into_owned();
         spec.args = vec!["one".into(), "two".into()];
         let child = spawn(&spec).unwrap();
