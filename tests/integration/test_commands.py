@@ -88,3 +88,27 @@ def test_sandbox_is_gvisor_with_its_own_hostname(sandbox):
     # gVisor's kernel reports itself in dmesg; the sandbox never sees the host's kernel log.
     assert "gVisor" in sandbox.commands.run("dmesg", user="root").stdout
     assert sandbox.commands.run("hostname").stdout.strip() == sandbox.sandbox_id
+
+
+def test_a_terminal_session_runs_resizes_and_ends(sandbox):
+    """`sandbox.pty`: a shell on a terminal of the asked size, which it controls; input goes
+    in, output comes out, a resize reaches it, and `exit` ends it with its exit code."""
+    from e2b import PtySize
+
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; tty; echo sum $((6*7))\n")
+    output = bytearray()
+    events = iter(terminal)
+    while b"sum 42" not in output:  # the first line has run: only now resize
+        _, _, chunk = next(events)
+        output.extend(chunk or b"")
+    sandbox.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; exit 3\n")
+    for _, _, chunk in events:
+        output.extend(chunk or b"")
+    text = output.decode(errors="replace")
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait()
+    assert ended.value.exit_code == 3
+    assert "24 80" in text and "30 100" in text, text
+    assert "/dev/pts/" in text, text
