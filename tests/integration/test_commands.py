@@ -112,3 +112,21 @@ def test_a_terminal_session_runs_resizes_and_ends(sandbox):
     assert ended.value.exit_code == 3
     assert "24 80" in text and "30 100" in text, text
     assert "/dev/pts/" in text, text
+
+
+@pytest.mark.parametrize("user", ["user", "root"])
+def test_a_login_shell_gets_debians_path_without_asking_id(sandbox, user):
+    """Every SDK command is `bash -l -c CMD`. The base template's /etc/profile picks root's PATH
+    by bash's own `$EUID` instead of forking `id -u`; a login shell that must still ask `id`
+    (dash, `sh -l`) gets the same PATH, and it is Debian's for that user."""
+    debian = {
+        "user": "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+        "root": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    }[user]
+    # `env -i`: dash starts from an empty environment, so nothing of bash's carries over.
+    by_id = sandbox.commands.run(
+        "env -i HOME=$HOME /bin/sh -l -c 'echo $PATH'", user=user
+    ).stdout
+    by_euid = sandbox.commands.run("echo $PATH", user=user).stdout
+    assert by_euid == by_id
+    assert by_euid.rstrip("\n").endswith(debian), by_euid
