@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import AIRLOCK, API_KEY, host_leftovers, start_server  # noqa: E402,F401
+from harness import AIRLOCK, API_KEY, free_port, host_leftovers, start_server  # noqa: E402,F401
 from images import Registry  # noqa: E402
 
 
@@ -36,9 +36,12 @@ def server(registry, private_registry):
     if not os.environ.get("AIRLOCK_TEST_DATA_DIR"):
         pytest.exit("run ./test.sh, or set AIRLOCK_TEST_DATA_DIR to a data dir that "
                     "scripts/prepare.sh has prepared", returncode=2)
+    metrics = f"127.0.0.1:{free_port()}"
     srv = start_server(Path(os.environ["AIRLOCK_TEST_DATA_DIR"]),
                        ["--insecure-registry", registry.address,
-                        "--insecure-registry", private_registry.address])
+                        "--insecure-registry", private_registry.address,
+                        "--metrics-listen", metrics])
+    srv.metrics_url = f"http://{metrics}/metrics"
     yield srv
     srv.stop()
 

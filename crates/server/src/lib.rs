@@ -13,6 +13,7 @@ pub mod error;
 pub mod listen;
 pub mod logs_api;
 pub mod metrics_api;
+pub mod operator_metrics;
 pub mod proxy;
 pub mod serve;
 pub mod template_info;

@@ -57,6 +57,12 @@ enum Command {
         /// Address to listen on. Keep it on loopback unless you put TLS and a firewall in front.
         #[arg(long, default_value = "127.0.0.1:3000")]
         listen: SocketAddr,
+        /// Also serve `GET /metrics` for the host's operator, in Prometheus' text format, on
+        /// this address (e.g. 127.0.0.1:9464): sandboxes by phase, frozen ones, each pool, and
+        /// memory headroom. The numbers are the whole host's, so they are not on --listen,
+        /// where API keys' holders reach; keep this address where only you do. Off by default.
+        #[arg(long, value_name = "ADDR", env = "AIRLOCK_METRICS_LISTEN")]
+        metrics_listen: Option<SocketAddr>,
         /// Path of the `airlock-agent` binary to run inside sandboxes [default: next to `airlock`].
         #[arg(long)]
         agent_bin: Option<PathBuf>,
@@ -233,6 +239,7 @@ async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Serve {
             listen,
+            metrics_listen,
             agent_bin,
             max_sandboxes,
             key_max_running,
@@ -258,6 +265,7 @@ async fn run(cli: Cli) -> ExitCode {
             domain,
         } => serve::serve(serve::ServeOptions {
             listen,
+            metrics_listen,
             data_dir: cli.data_dir.clone(),
             templates_dir: cli.templates_dir.clone(),
             agent_binary: agent_bin,

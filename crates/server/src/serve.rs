@@ -22,6 +22,8 @@ const BUILDS_AT_ONCE: usize = 1;
 
 pub struct ServeOptions {
     pub listen: SocketAddr,
+    /// Where the operator's `/metrics` is served, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     /// Where templates are kept when not in the data dir.
     pub templates_dir: Option<PathBuf>,
@@ -286,6 +288,16 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", opts.listen))?;
     println!("Airlock is serving on http://{}", opts.listen);
+    if let Some(addr) = opts.metrics_listen {
+        let metrics = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr} (--metrics-listen)"))?;
+        let app = crate::operator_metrics::router(lifecycle.clone());
+        let served =
+            axum::serve(metrics, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+        tokio::spawn(std::future::IntoFuture::into_future(served));
+        println!("Operator metrics (Prometheus) on http://{addr}/metrics");
+    }
     match key {
         KeySource::Generated(key) => {
             println!(

@@ -26,6 +26,7 @@ mod create;
 mod expiry;
 mod freezer;
 mod kill;
+mod load;
 pub mod metrics;
 mod pools;
 mod recovery;
@@ -36,6 +37,7 @@ mod start_cmd;
 mod tests;
 mod volume_use;
 
+pub use load::{HostLoad, PoolLoad};
 pub use recovery::{adoptable_policies, RecoveryReport};
 pub use sandbox::{Awake, Phase, Sandbox};
 
@@ -453,13 +455,6 @@ impl Lifecycle {
 
 /// `MemAvailable` from `/proc/meminfo`, in MiB (unbounded if unreadable).
 fn available_memory_mb() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map(|kb| kb / 1024)
-        .unwrap_or(u64::MAX)
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    load::meminfo_bytes(&meminfo, "MemAvailable:").map_or(u64::MAX, |bytes| bytes >> 20)
 }

@@ -76,6 +76,23 @@ impl Lifecycle {
         }
     }
 
+    /// Every pool as it is now, by template.
+    pub(super) fn pool_loads(&self) -> Vec<super::PoolLoad> {
+        let mut loads: Vec<super::PoolLoad> = self
+            .pools
+            .lock()
+            .iter()
+            .map(|(template, pool)| super::PoolLoad {
+                template: template.clone(),
+                ready: pool.ready.len(),
+                filling: pool.filling,
+                keep: self.limits.pool_size + pool.extra,
+            })
+            .collect();
+        loads.sort_by(|a, b| a.template.cmp(&b.template));
+        loads
+    }
+
     /// Takes a ready sandbox of the template from its pool, if one is there. Either way the
     /// template is wanted now: an emptied pool is filled again, and one found empty grows.
     pub(super) fn take_pooled(&self, template: &TemplateRecord) -> Option<Started> {
@@ -378,7 +395,7 @@ impl Lifecycle {
     }
 
     /// The memory all pools' ready sandboxes hold now.
-    fn pooled_memory(&self) -> u64 {
+    pub(super) fn pooled_memory(&self) -> u64 {
         let ids: Vec<SandboxId> = self
             .pools
             .lock()

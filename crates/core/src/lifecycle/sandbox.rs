@@ -295,7 +295,6 @@ impl Sandbox {
     }
 
     /// Whether it is frozen now.
-    #[cfg(test)]
     pub(super) fn is_frozen(&self) -> bool {
         self.state().activity.frozen
     }

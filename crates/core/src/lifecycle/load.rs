@@ -1,0 +1,102 @@
+//! How full the host is, for its operator: sandboxes by phase and how many of them are frozen,
+//! each pool, and the memory the pools and the host have left. The server shows it at
+//! `/metrics`; nothing here is per API key, so no tenant sees it.
+
+use super::{Lifecycle, Phase};
+use crate::ids::TemplateName;
+
+/// A snapshot of the host's load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLoad {
+    /// Sandboxes in each phase (phases with none are left out).
+    pub phases: Vec<(Phase, usize)>,
+    /// Running sandboxes that are frozen now.
+    pub frozen: usize,
+    /// The most sandboxes that may occupy a place among the running (`--max-sandboxes`).
+    pub max_sandboxes: usize,
+    pub pools: Vec<PoolLoad>,
+    /// The memory all pools' ready sandboxes hold now, by their cgroups' charge.
+    pub pooled_memory_bytes: u64,
+    /// What they may hold together (`--pool-memory-mb`).
+    pub pool_memory_budget_bytes: u64,
+    /// The host's `MemAvailable` and `MemTotal`; `None` where `/proc/meminfo` is unreadable.
+    pub memory_available_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+}
+
+/// One template's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolLoad {
+    pub template: TemplateName,
+    /// Ready sandboxes in it, frozen until a create takes one.
+    pub ready: usize,
+    /// Restores under way into it.
+    pub filling: usize,
+    /// How many it keeps now: `--pool-size` plus what demand has grown it by.
+    pub keep: usize,
+}
+
+impl Phase {
+    /// The phase's name in reports: lower case, one word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Pausing => "pausing",
+            Phase::Paused => "paused",
+            Phase::Resuming => "resuming",
+            Phase::Snapshotting => "snapshotting",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+impl Lifecycle {
+    /// The host's load now.
+    pub fn host_load(&self) -> HostLoad {
+        let mut phases: Vec<(Phase, usize)> = Vec::new();
+        let mut frozen = 0;
+        for sandbox in self.sandboxes.all() {
+            let phase = sandbox.phase();
+            match phases.iter_mut().find(|(p, _)| *p == phase) {
+                Some((_, n)) => *n += 1,
+                None => phases.push((phase, 1)),
+            }
+            frozen += usize::from(sandbox.is_frozen());
+        }
+        phases.sort_by_key(|(p, _)| p.as_str());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        HostLoad {
+            phases,
+            frozen,
+            max_sandboxes: self.limits.max_sandboxes,
+            pools: self.pool_loads(),
+            pooled_memory_bytes: self.pooled_memory(),
+            pool_memory_budget_bytes: self.limits.pool_memory_mb << 20,
+            memory_available_bytes: meminfo_bytes(&meminfo, "MemAvailable:"),
+            memory_total_bytes: meminfo_bytes(&meminfo, "MemTotal:"),
+        }
+    }
+}
+
+/// A `/proc/meminfo` field (given in kB there), in bytes.
+pub(super) fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb << 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::meminfo_bytes;
+
+    #[test]
+    fn reads_meminfo_fields_in_bytes() {
+        let meminfo = "MemTotal:       24576000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(meminfo_bytes(meminfo, "MemTotal:"), Some(24_576_000 << 10));
+        assert_eq!(meminfo_bytes(meminfo, "MemAvailable:"), Some(2 << 20));
+        assert_eq!(meminfo_bytes(meminfo, "SwapTotal:"), None);
+    }
+}

@@ -1,0 +1,70 @@
+"""The operator's `/metrics` (`airlock serve --metrics-listen`): how full the host is, in
+Prometheus' text format, read with Prometheus' own parser. Each figure is checked against what
+the test did and what the host shows (the freezer's state, `/proc/meminfo`)."""
+
+import time
+import urllib.request
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from test_freezer import wait_for_state
+
+
+def scrape(server):
+    """{(sample name, frozenset of labels): value}."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(metrics, name, **labels):
+    return metrics.get((name, frozenset(labels.items())), 0)
+
+
+def wait_for(server, check, within=60):
+    """The first scrape for which `check(metrics)` holds."""
+    deadline = time.monotonic() + within
+    while True:
+        metrics = scrape(server)
+        if check(metrics) or time.monotonic() > deadline:
+            assert check(metrics), metrics
+            return metrics
+        time.sleep(0.2)
+
+
+def test_metrics_say_how_full_the_host_is(server, restarted, sandbox_factory):
+    # A restart kills every running sandbox: what runs after it is this test's alone.
+    restarted()
+    metrics = wait_for(server, lambda m: value(m, "airlock_pool_ready", template="base")
+                       == value(m, "airlock_pool_keep", template="base") == 2)
+    assert value(metrics, "airlock_sandboxes", phase="running") == 0
+    assert value(metrics, "airlock_sandboxes_max") == 256
+    assert 0 < value(metrics, "airlock_pool_memory_bytes") <= value(
+        metrics, "airlock_pool_memory_budget_bytes") == 2048 << 20
+    meminfo = dict(line.split(":") for line in open("/proc/meminfo"))
+    total = int(meminfo["MemTotal"].split()[0]) * 1024
+    assert value(metrics, "airlock_host_memory_total_bytes") == total
+    assert 0 < value(metrics, "airlock_host_memory_available_bytes") < total
+
+    sbx = sandbox_factory()
+    wait_for_state(sbx.sandbox_id, "FROZEN")
+    metrics = scrape(server)
+    assert value(metrics, "airlock_sandboxes", phase="running") == 1
+    assert value(metrics, "airlock_sandboxes_frozen") == 1
+    # A process of its own keeps it awake (see test_freezer), and the count follows.
+    sbx.commands.run("nohup sleep 60 >/dev/null 2>&1 &")
+    wait_for_state(sbx.sandbox_id, "THAWED")
+    assert value(scrape(server), "airlock_sandboxes_frozen") == 0
+
+    sbx.kill()
+    wait_for(server, lambda m: value(m, "airlock_sandboxes", phase="running") == 0)
+
+
+def test_metrics_are_not_on_the_api_port(server):
+    """The numbers are the whole host's: API keys' holders do not get them."""
+    status, body = server.api("GET", "/metrics")
+    assert status == 404, body
