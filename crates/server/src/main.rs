@@ -116,6 +116,14 @@ enum Command {
         /// wait frozen. 0 never freezes.
         #[arg(long, default_value_t = 1000, env = "AIRLOCK_FREEZE_AFTER_MS")]
         freeze_after_ms: u64,
+        /// The most memory, in MiB, that paused sandboxes may keep on this host. A pause
+        /// always writes the sandbox to disk; within this budget its runtime is also kept,
+        /// frozen (no CPU), so that its resume takes about a millisecond instead of a restore
+        /// from disk (about 200 ms). The oldest are let go first when the budget is spent or
+        /// the host runs short of memory, and all at shutdown; they then resume from disk.
+        /// 0 lets every paused sandbox's runtime go at once.
+        #[arg(long, default_value_t = 1024, env = "AIRLOCK_PAUSED_MEMORY_MB")]
+        paused_memory_mb: u64,
         /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).
         #[arg(long, default_value_t = 8)]
         max_cpu_count: u32,
@@ -252,6 +260,7 @@ async fn run(cli: Cli) -> ExitCode {
             pool_idle_secs,
             pool_memory_mb,
             freeze_after_ms,
+            paused_memory_mb,
             max_cpu_count,
             max_memory_mb,
             max_disk_mb,
@@ -290,6 +299,7 @@ async fn run(cli: Cli) -> ExitCode {
                 pool_idle: Duration::from_secs(pool_idle_secs),
                 pool_memory_mb,
                 freeze_after: (freeze_after_ms > 0).then(|| Duration::from_millis(freeze_after_ms)),
+                paused_memory_mb,
                 ready_timeout: Duration::from_secs(ready_timeout),
                 max_resources: Resources {
                     cpu_count: max_cpu_count,

@@ -3,7 +3,7 @@
 //! not one API key's, so they stay off the port that tenants reach. What they say is how full
 //! the host is: sandboxes by phase, how many are frozen, each pool, and memory headroom.
 
-use airlock_core::lifecycle::{HostLoad, Lifecycle};
+use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -60,70 +60,89 @@ fn encode_load(load: &HostLoad, encoder: &mut DescriptorEncoder) -> Result<(), s
         .iter()
         .map(|(phase, n)| ([("phase", phase.as_str())], *n as i64))
         .collect();
-    family(
-        encoder,
-        "airlock_sandboxes",
-        "Sandboxes by phase (pooled ones are not counted here)",
-        &phases,
-    )?;
-    gauge(
-        encoder,
-        "airlock_sandboxes_frozen",
-        "Running sandboxes frozen now: idle, costing no CPU",
-        load.frozen as i64,
-    )?;
-    gauge(
-        encoder,
-        "airlock_sandboxes_max",
-        "The most sandboxes that may run at once (--max-sandboxes)",
-        load.max_sandboxes as i64,
-    )?;
-    let per_pool = |value: fn(&airlock_core::lifecycle::PoolLoad) -> usize| -> Vec<_> {
+    let pools = |value: fn(&PoolLoad) -> usize| -> Vec<_> {
         load.pools
             .iter()
             .map(|p| ([("template", p.template.as_str())], value(p) as i64))
             .collect()
     };
-    family(
-        encoder,
-        "airlock_pool_ready",
-        "Ready sandboxes waiting (frozen) in each template's pool",
-        &per_pool(|p| p.ready),
-    )?;
-    family(
-        encoder,
-        "airlock_pool_filling",
-        "Restores under way into each template's pool",
-        &per_pool(|p| p.filling),
-    )?;
-    family(encoder, "airlock_pool_keep", "How many ready sandboxes each pool keeps now (--pool-size, grown by demand up to --pool-max)", &per_pool(|p| p.keep))?;
-    gauge(
-        encoder,
-        "airlock_pool_memory_bytes",
-        "Memory all pools' ready sandboxes hold",
-        load.pooled_memory_bytes as i64,
-    )?;
-    gauge(
-        encoder,
-        "airlock_pool_memory_budget_bytes",
-        "The most memory the pools may hold together (--pool-memory-mb)",
-        load.pool_memory_budget_bytes as i64,
-    )?;
-    if let Some(available) = load.memory_available_bytes {
-        gauge(
-            encoder,
+    let families = [
+        (
+            "airlock_sandboxes",
+            "Sandboxes by phase (pooled ones are not counted here)",
+            phases,
+        ),
+        (
+            "airlock_pool_ready",
+            "Ready sandboxes waiting (frozen) in each template's pool",
+            pools(|p| p.ready),
+        ),
+        (
+            "airlock_pool_filling",
+            "Restores under way into each template's pool",
+            pools(|p| p.filling),
+        ),
+        (
+            "airlock_pool_keep",
+            "Ready sandboxes each pool keeps now (--pool-size, grown by demand)",
+            pools(|p| p.keep),
+        ),
+    ];
+    for (name, help, samples) in &families {
+        family(encoder, name, help, samples)?;
+    }
+    // Unknown figures are left out rather than written as 0.
+    let gauges = [
+        (
+            "airlock_sandboxes_frozen",
+            "Running sandboxes frozen now: idle, costing no CPU",
+            Some(load.frozen as u64),
+        ),
+        (
+            "airlock_sandboxes_max",
+            "The most sandboxes that may run at once (--max-sandboxes)",
+            Some(load.max_sandboxes as u64),
+        ),
+        (
+            "airlock_paused_in_memory",
+            "Paused sandboxes whose runtime is kept, frozen, so that their resume is a thaw",
+            Some(load.parked as u64),
+        ),
+        (
+            "airlock_paused_in_memory_bytes",
+            "Memory the runtimes of paused sandboxes hold",
+            Some(load.parked_memory_bytes),
+        ),
+        (
+            "airlock_paused_in_memory_budget_bytes",
+            "The most memory paused sandboxes may keep (--paused-memory-mb)",
+            Some(load.parked_memory_budget_bytes),
+        ),
+        (
+            "airlock_pool_memory_bytes",
+            "Memory all pools' ready sandboxes hold",
+            Some(load.pooled_memory_bytes),
+        ),
+        (
+            "airlock_pool_memory_budget_bytes",
+            "The most memory the pools may hold together (--pool-memory-mb)",
+            Some(load.pool_memory_budget_bytes),
+        ),
+        (
             "airlock_host_memory_available_bytes",
             "The host's MemAvailable",
-            available as i64,
-        )?;
-    }
-    if let Some(total) = load.memory_total_bytes {
-        gauge(
-            encoder,
+            load.memory_available_bytes,
+        ),
+        (
             "airlock_host_memory_total_bytes",
             "The host's MemTotal",
-            total as i64,
-        )?;
+            load.memory_total_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(value) = value {
+            gauge(encoder, name, help, value as i64)?;
+        }
     }
     Ok(())
 }
@@ -155,7 +174,7 @@ fn family(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_core::lifecycle::{Phase, PoolLoad};
+    use airlock_core::lifecycle::Phase;
 
     #[derive(Debug)]
     struct Fixed(HostLoad);
@@ -171,6 +190,9 @@ mod tests {
         let load = HostLoad {
             phases: vec![(Phase::Paused, 1), (Phase::Running, 3)],
             frozen: 2,
+            parked: 1,
+            parked_memory_bytes: 20 << 20,
+            parked_memory_budget_bytes: 1024 << 20,
             max_sandboxes: 256,
             pools: vec![PoolLoad {
                 template: airlock_core::ids::TemplateName::parse("base").unwrap(),
@@ -193,6 +215,9 @@ mod tests {
             "airlock_sandboxes{phase=\"running\"} 3",
             "airlock_sandboxes_frozen 2",
             "airlock_sandboxes_max 256",
+            "airlock_paused_in_memory 1",
+            "airlock_paused_in_memory_bytes 20971520",
+            "airlock_paused_in_memory_budget_bytes 1073741824",
             "airlock_pool_ready{template=\"base\"} 2",
             "airlock_pool_filling{template=\"base\"} 1",
             "airlock_pool_keep{template=\"base\"} 3",

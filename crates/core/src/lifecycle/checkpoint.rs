@@ -109,11 +109,18 @@ impl Lifecycle {
             let _ = self.driver.delete_image(&image).await;
             return back(e.into());
         }
-        // Waited for, not backgrounded: a resume right after must find the id free.
-        self.release(record.id.clone(), placement.slot).await;
+        let parked = self.park(&record.id, placement, &record.egress);
+        if parked.is_none() {
+            // Waited for, not backgrounded: a resume right after must find the id free.
+            self.release(record.id.clone(), placement.slot).await;
+        }
         sandbox.update_record(|r| r.pause_mode = Some(mode));
         sandbox.set_phase(Phase::Paused, None);
         sandbox.keep_paused_log(log);
+        if let Some(parked) = parked {
+            sandbox.park(parked);
+            self.evict_parked();
+        }
         tracing::info!(sandbox = %record.id, mode = mode.as_str(), "paused");
         Ok(())
     }
@@ -149,7 +156,15 @@ impl Lifecycle {
             sandbox.set_phase(Phase::Paused, None);
             return Err(LifecycleError::ImageGone(id.to_owned()));
         }
-        let placement = match self.bring_up(&spec, Some(&image)).await {
+        let thawed = match sandbox.take_parked() {
+            Some(parked) => self.unpark(&sandbox, parked).await,
+            None => None,
+        };
+        let brought_up = match thawed {
+            Some(placement) => Ok(placement),
+            None => self.bring_up(&spec, Some(&image)).await,
+        };
+        let placement = match brought_up {
             Ok(placement) => placement,
             Err(e) => {
                 tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");

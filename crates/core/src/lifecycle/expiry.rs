@@ -138,12 +138,16 @@ impl Lifecycle {
         let _ = self.stop(sandbox);
     }
 
-    /// Runs the expiry loop until `stop` fires.
+    /// Runs the expiry loop until `stop` fires; each round also keeps the parked runtimes of
+    /// paused sandboxes within their budget.
     pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tokio::select! {
-                _ = tick.tick() => { self.reap_expired(); }
+                _ = tick.tick() => {
+                    self.reap_expired();
+                    self.evict_parked();
+                }
                 _ = stop.cancelled() => return,
             }
         }

@@ -22,22 +22,27 @@ impl Lifecycle {
             return Err(LifecycleError::SandboxNotFound(sandbox.id().to_string()));
         }
         let placement = sandbox.placement();
+        // A paused sandbox may still have its runtime, parked.
+        let runtime = placement.or_else(|| sandbox.take_parked().map(|p| p.placement));
         sandbox.set_phase(Phase::Stopping, None);
         self.sandboxes.remove(sandbox.id());
         let id = sandbox.id().clone();
-        match placement {
-            Some(placement) => {
-                self.destroying.spawn(self.discard(&id, placement.slot));
+        if placement.is_none() {
+            let driver = self.driver.clone();
+            let id = id.clone();
+            self.destroying.spawn(async move {
+                if let Err(e) = driver.delete_image(&paused_image(&id)).await {
+                    tracing::error!(sandbox = %id, error = %e, "deleting image failed");
+                }
+            });
+        }
+        // Its row goes once nothing of it is left on the host (a volume it mounted is then
+        // free to delete).
+        match runtime {
+            Some(runtime) => {
+                self.destroying.spawn(self.discard(&id, runtime.slot));
             }
-            None => {
-                self.store.delete_sandbox(&id)?;
-                let driver = self.driver.clone();
-                self.destroying.spawn(async move {
-                    if let Err(e) = driver.delete_image(&paused_image(&id)).await {
-                        tracing::error!(sandbox = %id, error = %e, "deleting image failed");
-                    }
-                });
-            }
+            None => self.store.delete_sandbox(&id)?,
         }
         Ok(())
     }
@@ -75,14 +80,18 @@ impl Lifecycle {
     }
 
     /// Kills every running and pooled sandbox and waits until the host holds nothing of them.
-    /// Paused sandboxes stay on disk for the next start.
+    /// Paused sandboxes stay on disk for the next start (their parked runtimes go).
     pub async fn shutdown(&self) {
         for sandbox in self.sandboxes.all() {
             let Some(_verb) = sandbox.lock_verb().await else {
                 continue;
             };
-            if sandbox.phase() != Phase::Paused {
-                let _ = self.stop(&sandbox);
+            match sandbox.phase() {
+                // On disk: only the runtime kept to resume it fast goes.
+                Phase::Paused => self.let_parked_go(&sandbox),
+                _ => {
+                    let _ = self.stop(&sandbox);
+                }
             }
         }
         for p in self.pools.drain() {

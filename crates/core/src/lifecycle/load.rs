@@ -12,6 +12,11 @@ pub struct HostLoad {
     pub phases: Vec<(Phase, usize)>,
     /// Running sandboxes that are frozen now.
     pub frozen: usize,
+    /// Paused sandboxes whose runtime is kept, frozen, for a fast resume; and the memory
+    /// those runtimes hold, and may hold (`--paused-memory-mb`).
+    pub parked: usize,
+    pub parked_memory_bytes: u64,
+    pub parked_memory_budget_bytes: u64,
     /// The most sandboxes that may occupy a place among the running (`--max-sandboxes`).
     pub max_sandboxes: usize,
     pub pools: Vec<PoolLoad>,
@@ -55,8 +60,12 @@ impl Lifecycle {
     /// The host's load now.
     pub fn host_load(&self) -> HostLoad {
         let mut phases: Vec<(Phase, usize)> = Vec::new();
-        let mut frozen = 0;
+        let (mut frozen, mut parked, mut parked_memory_bytes) = (0, 0, 0);
         for sandbox in self.sandboxes.all() {
+            if sandbox.parked_since().is_some() {
+                parked += 1;
+                parked_memory_bytes += self.driver.memory_used(sandbox.id()).unwrap_or(0);
+            }
             let phase = sandbox.phase();
             match phases.iter_mut().find(|(p, _)| *p == phase) {
                 Some((_, n)) => *n += 1,
@@ -69,6 +78,9 @@ impl Lifecycle {
         HostLoad {
             phases,
             frozen,
+            parked,
+            parked_memory_bytes,
+            parked_memory_budget_bytes: self.limits.paused_memory_mb << 20,
             max_sandboxes: self.limits.max_sandboxes,
             pools: self.pool_loads(),
             pooled_memory_bytes: self.pooled_memory(),

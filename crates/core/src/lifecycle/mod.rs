@@ -28,6 +28,7 @@ mod freezer;
 mod kill;
 mod load;
 pub mod metrics;
+mod parking;
 mod pools;
 mod recovery;
 mod registry;
@@ -181,6 +182,9 @@ pub struct Limits {
     /// A running sandbox with no traffic for this long, in which nothing runs, is frozen until
     /// its next request (`None`: never).
     pub freeze_after: Option<Duration>,
+    /// The most memory the runtimes of paused sandboxes may keep, frozen, so that their resume
+    /// is a thaw rather than a restore (0: a pause always lets its runtime go).
+    pub paused_memory_mb: u64,
 }
 
 /// What one API key may hold at once.
@@ -221,6 +225,7 @@ impl Default for Limits {
             pool_idle: Duration::from_secs(30 * 60),
             ready_timeout: Duration::from_secs(300),
             freeze_after: Some(Duration::from_secs(1)),
+            paused_memory_mb: 1024,
         }
     }
 }

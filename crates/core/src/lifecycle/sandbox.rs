@@ -17,6 +17,7 @@
 //! admission counts the phases that hold a place among the running.
 
 use crate::driver::{DriverError, Placement};
+use crate::egress::Egress;
 use crate::ids::SandboxId;
 use crate::store::{SandboxRecord, SandboxState};
 use airlock_wire::logs::LogEntry;
@@ -92,6 +93,18 @@ struct State {
     /// Its log as it was when it was paused (its agent, which holds it, is then on disk).
     paused_log: Arc<[LogEntry]>,
     activity: Activity,
+    /// While paused: its runtime, frozen and kept so that its resume is a thaw (see
+    /// `parking.rs`).
+    parked: Option<Parked>,
+}
+
+/// A paused sandbox's runtime, kept frozen where it ran.
+#[derive(Debug, Clone)]
+pub(super) struct Parked {
+    pub placement: Placement,
+    /// The outbound rules its slot holds (the sandbox's may change while it is paused).
+    pub egress: Egress,
+    pub since: Instant,
 }
 
 /// What the freezer goes by: a running sandbox's traffic, and whether it is frozen.
@@ -157,6 +170,7 @@ impl Sandbox {
                 stopped: CancellationToken::new(),
                 paused_log: Arc::new([]),
                 activity: Activity::new(),
+                parked: None,
             }),
             changed: Notify::new(),
         })
@@ -205,6 +219,21 @@ impl Sandbox {
 
     pub(super) fn keep_paused_log(&self, log: Vec<LogEntry>) {
         self.state().paused_log = log.into();
+    }
+
+    /// Keeps a paused sandbox's frozen runtime.
+    pub(super) fn park(&self, parked: Parked) {
+        self.state().parked = Some(parked);
+    }
+
+    /// Takes its parked runtime, if it has one: the caller resumes or destroys it.
+    pub(super) fn take_parked(&self) -> Option<Parked> {
+        self.state().parked.take()
+    }
+
+    /// Since when its runtime has been parked, if it is.
+    pub(super) fn parked_since(&self) -> Option<Instant> {
+        self.state().parked.as_ref().map(|p| p.since)
     }
 
     /// Resolves when it stops running here (killed, paused or saved), as it runs now.

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 mod admission;
 mod freezer;
+mod parking;
 
 /// What every image of the recording driver takes on disk.
 const IMAGE_SIZE: u64 = 3 << 20;
@@ -28,6 +29,8 @@ struct RecordingDriver {
     fail_checkpoint: bool,
     /// How long launches and checkpoints take.
     delay: Duration,
+    /// What `memory_used` says of every sandbox (0: unknown).
+    memory_each: u64,
 }
 
 impl RecordingDriver {
@@ -122,7 +125,7 @@ impl Driver for RecordingDriver {
         Ok(())
     }
     fn memory_used(&self, _id: &SandboxId) -> Option<u64> {
-        None
+        (self.memory_each > 0).then_some(self.memory_each)
     }
     fn usage(&self, _id: &SandboxId) -> Option<crate::driver::Usage> {
         None
@@ -422,7 +425,12 @@ async fn recover_adopts_the_living_and_removes_the_dead() {
 #[tokio::test]
 async fn policies_and_resources_follow_the_sandbox() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    // Paused runtimes let go at once: resumes restore (parking.rs has the thawing kind).
+    let limits = Limits {
+        paused_memory_mb: 0,
+        ..Limits::default()
+    };
+    let (_dir, store, lc) = setup(driver.clone(), limits);
     let egress = Egress::from_request(Some(false), &["pypi.org".into()], &[]).unwrap();
     let a = lc
         .create(CreateParams {
