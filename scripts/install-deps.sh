@@ -2,7 +2,8 @@
 # Installs what Airlock needs on a Debian 12 host: gVisor's runsc (from bookworm-backports),
 # debootstrap for the built-in templates' Debian root, npm (for the JavaScript SDK's tests),
 # iproute2, nftables and conntrack for per-sandbox networking, e2fsprogs for per-sandbox disks, and a
-# Python venv with the pinned e2b SDK for the demo and the integration tests.
+# Python venv with the pinned e2b SDK for the demo and the integration tests. Raises the
+# kernel's pid_max, which a thousand sandboxes need.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -61,6 +62,18 @@ if ! command -v runsc >/dev/null; then
   if [ "$APT_UPDATED" -eq 0 ]; then apt-get update -qq; APT_UPDATED=1; fi
   echo "airlock: installing runsc from bookworm-backports"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports runsc >/dev/null
+fi
+
+# Every sandbox holds about 24 threads on the host (runsc's sandbox and gofer are Go programs),
+# and each takes a pid: the kernel's default pid_max (32768) stopped a host at ~950 sandboxes.
+PID_MAX=4194304
+if [ "$(cat /proc/sys/kernel/pid_max)" -lt "$PID_MAX" ]; then
+  if sysctl -q -w kernel.pid_max="$PID_MAX" 2>/dev/null; then
+    echo "kernel.pid_max = $PID_MAX" > /etc/sysctl.d/60-airlock.conf
+    echo "airlock: raised kernel.pid_max to $PID_MAX (saved in /etc/sysctl.d/60-airlock.conf)"
+  else
+    echo "airlock: could not raise kernel.pid_max to $PID_MAX; the host holds fewer than ~1,000 sandboxes" >&2
+  fi
 fi
 
 # The Python SDK, pinned, in a venv under the repo (used by the demo, the tests and the benchmark).
