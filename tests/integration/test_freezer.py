@@ -93,3 +93,29 @@ def test_a_frozen_sandbox_pauses_resumes_and_times_out(sandbox_factory):
         time.sleep(0.5)
     assert freezer_state(sbx.sandbox_id) is None, "its timeout killed it, frozen or not"
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+
+
+def test_pooled_sandboxes_settle_then_wait_frozen(server):
+    """A ready sandbox in a pool is frozen once it has been ready for --freeze-after-ms (a
+    restored sandbox has work of its own to finish first), and a create thaws it."""
+    from e2b import Sandbox
+
+    bundles = server.data_dir / "gvisor" / "bundles"
+
+    def pooled_states():
+        listed = {s.sandbox_id for s in Sandbox.list(limit=1000).next_items()}
+        return {b.name: freezer_state(b.name) for b in bundles.iterdir() if b.name not in listed}
+
+    deadline = time.monotonic() + 60
+    while True:
+        states = pooled_states()
+        if len(states) >= 2 and set(states.values()) == {"FROZEN"}:
+            break
+        assert time.monotonic() < deadline, f"pooled sandboxes not all frozen: {states}"
+        time.sleep(0.2)
+    sbx = Sandbox.create("base")
+    try:
+        assert freezer_state(sbx.sandbox_id) == "THAWED"
+        assert sbx.commands.run("echo thawed").stdout == "thawed\n"
+    finally:
+        sbx.kill()

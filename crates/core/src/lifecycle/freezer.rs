@@ -6,7 +6,8 @@
 //! What "nothing runs" means is the agent's to say (`airlock-agent`'s `idle` module): every
 //! process but the agent and the code interpreter's kernels keeps the sandbox awake, so a
 //! sandbox never sleeps through a deadline a process of its own has set. Pooled sandboxes are
-//! frozen as soon as they are ready, and thawed when a create takes one.
+//! frozen once they have been ready as long (they settle first), and thawed when a create
+//! takes one.
 
 use super::sandbox::{Awake, Sandbox};
 use super::Lifecycle;
@@ -38,6 +39,7 @@ impl Lifecycle {
             for sandbox in self.sandboxes.all() {
                 self.freeze_if_idle(&sandbox, quiet_for).await;
             }
+            self.freeze_settled_pooled(quiet_for);
         }
     }
 

@@ -29,9 +29,27 @@ pub(super) struct Pools {
     golden_turn: tokio::sync::Mutex<()>,
 }
 
+/// A ready sandbox in its pool.
+struct Pooled {
+    started: Started,
+    ready_at: Instant,
+    /// It has settled and been frozen (or the freeze was tried): a create thaws it.
+    settled: bool,
+}
+
+impl Pooled {
+    fn new(started: Started) -> Self {
+        Pooled {
+            started,
+            ready_at: Instant::now(),
+            settled: false,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Pool {
-    ready: Vec<Started>,
+    ready: Vec<Pooled>,
     /// Restores under way.
     filling: usize,
     /// When a create last asked for one (or the template was published, or first seen).
@@ -52,6 +70,7 @@ impl Pools {
         self.lock()
             .values_mut()
             .flat_map(|p| p.ready.drain(..))
+            .map(|p| p.started)
             .collect()
     }
 }
@@ -109,8 +128,14 @@ impl Lifecycle {
             pooled
         };
         self.refill.notify_one();
-        let pooled = pooled?;
-        self.set_pooled_frozen(&pooled.id, false);
+        let Pooled {
+            started: pooled,
+            settled,
+            ..
+        } = pooled?;
+        if settled {
+            self.set_pooled_frozen(&pooled.id, false);
+        }
         if pooled.image.as_deref() != Some(self.golden_image(template).as_str()) {
             // Restored before the template was rebuilt.
             self.destroying
@@ -134,22 +159,32 @@ impl Lifecycle {
                 .spawn(self.release(pooled.id, pooled.placement.slot));
             return;
         };
-        self.set_pooled_frozen(&pooled.id, true);
+        // It settles again (it did nothing meanwhile) before it is frozen.
         self.pools
             .lock()
             .entry(name)
             .or_default()
             .ready
-            .push(pooled);
+            .push(Pooled::new(pooled));
     }
 
-    /// Freezes a ready sandbox while it waits in its pool (nothing of anyone's runs in it
-    /// yet), or thaws it when a create takes it. A failure is logged: the create then finds
-    /// its agent not answering, as for any broken pooled sandbox.
-    fn set_pooled_frozen(&self, id: &SandboxId, frozen: bool) {
-        if frozen && self.limits.freeze_after.is_none() {
-            return;
+    /// Freezes the ready sandboxes that have waited in their pools for `settle`: nothing of
+    /// anyone's runs in them yet. Not at once: a freshly restored sandbox has work of its own
+    /// to finish first (the code interpreter's kernel, ~70 ms of it), which freezing it at
+    /// once would leave for its first user's request.
+    pub(super) fn freeze_settled_pooled(&self, settle: Duration) {
+        let mut pools = self.pools.lock();
+        for pooled in pools.values_mut().flat_map(|p| p.ready.iter_mut()) {
+            if !pooled.settled && pooled.ready_at.elapsed() >= settle {
+                pooled.settled = true;
+                self.set_pooled_frozen(&pooled.started.id, true);
+            }
         }
+    }
+
+    /// Freezes a ready sandbox, or thaws it when a create takes it. A failure is logged: the
+    /// create then finds its agent not answering, as for any broken pooled sandbox.
+    fn set_pooled_frozen(&self, id: &SandboxId, frozen: bool) {
         if let Err(e) = self.driver.set_frozen(id, frozen) {
             tracing::warn!(sandbox = %id, frozen, error = %e, "freezing or thawing a pooled sandbox failed");
         }
@@ -226,7 +261,7 @@ impl Lifecycle {
         let wanted_at = *pool.wanted_at.get_or_insert(pass_started);
         (wanted_at.elapsed() >= self.limits.pool_idle).then(|| {
             pool.extra = 0;
-            std::mem::take(&mut pool.ready)
+            pool.ready.drain(..).map(|p| p.started).collect()
         })
     }
 
@@ -247,7 +282,7 @@ impl Lifecycle {
         }
         let keep = self.limits.pool_size + pool.extra;
         let surplus = pool.ready.len().saturating_sub(keep);
-        pool.ready.drain(..surplus).collect()
+        pool.ready.drain(..surplus).map(|p| p.started).collect()
     }
 
     /// Deletes golden images of templates as they were built before, of builds no tag names
@@ -369,10 +404,7 @@ impl Lifecycle {
                         ..Default::default()
                     };
                     match self.agent.init(started.placement.agent, None, &init).await {
-                        Ok(()) => {
-                            self.set_pooled_frozen(&started.id, true);
-                            Ok(started)
-                        }
+                        Ok(()) => Ok(started),
                         Err(e) => {
                             self.release(started.id, started.placement.slot).await;
                             Err(e.into())
@@ -385,7 +417,7 @@ impl Lifecycle {
             let pool = pools.entry(template.name.clone()).or_default();
             pool.filling -= 1;
             match result {
-                Ok(started) => pool.ready.push(started),
+                Ok(started) => pool.ready.push(Pooled::new(started)),
                 Err(e) => {
                     tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
                     return;
@@ -400,7 +432,7 @@ impl Lifecycle {
             .pools
             .lock()
             .values()
-            .flat_map(|p| p.ready.iter().map(|s| s.id.clone()))
+            .flat_map(|p| p.ready.iter().map(|s| s.started.id.clone()))
             .collect();
         ids.iter()
             .filter_map(|id| self.driver.memory_used(id))
@@ -418,7 +450,7 @@ impl Lifecycle {
                 .filter(|(name, pool)| **name != template.name && !pool.ready.is_empty())
                 .filter(|(_, pool)| pool.wanted_at < wanted)
                 .min_by_key(|(_, pool)| pool.wanted_at);
-            victim.and_then(|(name, pool)| Some((name.clone(), pool.ready.pop()?)))
+            victim.and_then(|(name, pool)| Some((name.clone(), pool.ready.pop()?.started)))
         };
         let Some((name, pooled)) = taken else {
             return false;
