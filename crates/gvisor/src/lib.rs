@@ -44,6 +44,7 @@
 mod cgroup;
 mod disk;
 mod host_cmd;
+mod loop_device;
 mod network;
 mod oci;
 mod runsc;
