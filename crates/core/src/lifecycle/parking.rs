@@ -44,25 +44,27 @@ impl Lifecycle {
         })
     }
 
-    /// Brings a parked runtime back for a resume: thawed, with the sandbox's rules as they are
-    /// now, its agent answering. `None` if it could not be (the runtime is then destroyed, and
+    /// Brings a parked runtime back for a resume: with the sandbox's rules as they are now,
+    /// then thawed, its agent answering. `None` if it could not be (the runtime is then destroyed, and
     /// the caller restores the image).
     pub(super) async fn unpark(&self, sandbox: &Sandbox, parked: Parked) -> Option<Placement> {
         let id = sandbox.id();
         let Parked {
             placement, egress, ..
         } = parked;
+        // The rules first: nothing in it may send under the old ones once it runs again.
         let rules = sandbox.record().egress.clone();
-        let thawed = self.driver.set_frozen(id, false).map_err(|e| e.to_string());
-        let ruled = match thawed {
-            Ok(()) if rules != egress => self
-                .driver
+        let ruled = if rules != egress {
+            self.driver
                 .set_egress(placement.slot, &rules)
                 .await
-                .map_err(|e| e.to_string()),
-            other => other,
+                .map_err(|e| e.to_string())
+        } else {
+            Ok(())
         };
-        let ready = match ruled {
+        let thawed =
+            ruled.and_then(|()| self.driver.set_frozen(id, false).map_err(|e| e.to_string()));
+        let ready = match thawed {
             Ok(()) => {
                 self.agent
                     .wait_ready(placement.agent, THAWED_AGENT_WAIT)

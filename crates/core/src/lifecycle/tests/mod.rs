@@ -31,6 +31,8 @@ struct RecordingDriver {
     delay: Duration,
     /// What `memory_used` says of every sandbox (0: unknown).
     memory_each: u64,
+    /// Whether any sandbox was frozen at the last `set_egress`.
+    egress_set_while_frozen: std::sync::atomic::AtomicBool,
 }
 
 impl RecordingDriver {
@@ -67,6 +69,9 @@ impl Driver for RecordingDriver {
         Ok(self.place(spec))
     }
     async fn set_egress(&self, slot: u32, egress: &Egress) -> Result<(), DriverError> {
+        let frozen = !self.frozen.lock().unwrap().is_empty();
+        self.egress_set_while_frozen
+            .store(frozen, std::sync::atomic::Ordering::SeqCst);
         self.egress.lock().unwrap().insert(slot, egress.clone());
         Ok(())
     }

@@ -26,6 +26,12 @@ async fn a_parked_sandbox_resumes_by_a_thaw_with_the_rules_set_while_it_was_paus
     assert_eq!(resumed.record().slot, Some(slot), "thawed where it ran");
     assert!(!driver.is_frozen(&id));
     assert_eq!(driver.egress.lock().unwrap()[&slot], egress);
+    assert!(
+        driver
+            .egress_set_while_frozen
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the new rules hold before anything in it runs again"
+    );
     assert!(!driver.has_image(&paused_image(&id)), "the image is spent");
     assert_eq!(lc.host_load().parked, 0);
 
