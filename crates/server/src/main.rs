@@ -113,7 +113,7 @@ enum Command {
         /// Milliseconds with no request, no open connection and no process of its own running
         /// after which a sandbox is frozen: it then costs no CPU (an idle awake one costs ~3 % of
         /// a core) until its next request thaws it, in about a millisecond. Pooled sandboxes
-        /// wait frozen. 0 never freezes.
+        /// wait frozen once they have been ready as long. 0 never freezes.
         #[arg(long, default_value_t = 1000, env = "AIRLOCK_FREEZE_AFTER_MS")]
         freeze_after_ms: u64,
         /// The most memory, in MiB, that paused sandboxes may keep on this host. A pause
