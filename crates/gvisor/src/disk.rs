@@ -60,7 +60,7 @@ pub(crate) async fn mount_existing(image: &Path, dir: &Path) -> Result<(), Drive
         })
     })
     .await
-    .map_err(|e| DriverError::io(what.clone())(io::Error::other(e)))?
+    .unwrap_or_else(|panicked| Err(io::Error::other(panicked)))
     .map_err(DriverError::io(what))
 }
 

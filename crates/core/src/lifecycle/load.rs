@@ -60,12 +60,8 @@ impl Lifecycle {
     /// The host's load now.
     pub fn host_load(&self) -> HostLoad {
         let mut phases: Vec<(Phase, usize)> = Vec::new();
-        let (mut frozen, mut parked, mut parked_memory_bytes) = (0, 0, 0);
+        let mut frozen = 0;
         for sandbox in self.sandboxes.all() {
-            if sandbox.parked_since().is_some() {
-                parked += 1;
-                parked_memory_bytes += self.driver.memory_used(sandbox.id()).unwrap_or(0);
-            }
             let phase = sandbox.phase();
             match phases.iter_mut().find(|(p, _)| *p == phase) {
                 Some((_, n)) => *n += 1,
@@ -74,11 +70,12 @@ impl Lifecycle {
             frozen += usize::from(sandbox.is_frozen());
         }
         phases.sort_by_key(|(p, _)| p.as_str());
+        let (parked, parked_memory_bytes) = self.parked();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         HostLoad {
             phases,
             frozen,
-            parked,
+            parked: parked.len(),
             parked_memory_bytes,
             parked_memory_budget_bytes: self.limits.paused_memory_mb << 20,
             max_sandboxes: self.limits.max_sandboxes,

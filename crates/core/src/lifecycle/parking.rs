@@ -10,7 +10,7 @@
 //! before. The image is written either way, so a crash loses nothing that a pause kept.
 
 use super::sandbox::{Parked, Sandbox};
-use super::{available_memory_mb, Lifecycle, Phase};
+use super::{available_memory_mb, Lifecycle};
 use crate::driver::Placement;
 use crate::egress::Egress;
 use crate::ids::SandboxId;
@@ -45,33 +45,31 @@ impl Lifecycle {
     }
 
     /// Brings a parked runtime back for a resume: with the sandbox's rules as they are now,
-    /// then thawed, its agent answering. `None` if it could not be (the runtime is then destroyed, and
-    /// the caller restores the image).
+    /// then thawed, its agent answering. `None` if it could not be (the runtime is then
+    /// destroyed, and the caller restores the image).
     pub(super) async fn unpark(&self, sandbox: &Sandbox, parked: Parked) -> Option<Placement> {
         let id = sandbox.id();
         let Parked {
             placement, egress, ..
         } = parked;
-        // The rules first: nothing in it may send under the old ones once it runs again.
-        let rules = sandbox.record().egress.clone();
-        let ruled = if rules != egress {
-            self.driver
-                .set_egress(placement.slot, &rules)
-                .await
-                .map_err(|e| e.to_string())
-        } else {
-            Ok(())
-        };
-        let thawed =
-            ruled.and_then(|()| self.driver.set_frozen(id, false).map_err(|e| e.to_string()));
-        let ready = match thawed {
-            Ok(()) => {
-                self.agent
-                    .wait_ready(placement.agent, THAWED_AGENT_WAIT)
+        let ready = async {
+            // The rules first: nothing in it may send under the old ones once it runs again.
+            let rules = sandbox.record().egress.clone();
+            if rules != egress {
+                let slot = placement.slot;
+                self.driver
+                    .set_egress(slot, &rules)
                     .await
+                    .map_err(|e| e.to_string())?;
             }
-            Err(e) => Err(e),
-        };
+            self.driver
+                .set_frozen(id, false)
+                .map_err(|e| e.to_string())?;
+            self.agent
+                .wait_ready(placement.agent, THAWED_AGENT_WAIT)
+                .await
+        }
+        .await;
         match ready {
             Ok(()) => Some(placement),
             Err(e) => {
@@ -87,32 +85,17 @@ impl Lifecycle {
     /// background under its sandbox's verb lock, so a resume meanwhile waits and then restores
     /// the image; one whose verb lock is taken (it is being resumed, say) is left alone.
     pub(super) fn evict_parked(&self) {
-        let mut parked: Vec<(Instant, Arc<Sandbox>)> = self
-            .sandboxes
-            .all()
-            .into_iter()
-            .filter_map(|s| Some((s.parked_since()?, s)))
-            .collect();
-        if parked.is_empty() {
-            return;
-        }
-        parked.sort_by_key(|(since, _)| *since);
+        let (parked, mut held) = self.parked();
         let budget = self.limits.paused_memory_mb << 20;
-        let mut held: u64 = parked
-            .iter()
-            .filter_map(|(_, s)| self.driver.memory_used(s.id()))
-            .sum();
         let short = || available_memory_mb() < self.limits.pool_min_available_mb;
-        for (_, sandbox) in parked {
+        for sandbox in parked {
             if held <= budget && !short() {
                 return;
             }
             let Some(verb) = sandbox.try_lock_verb() else {
                 continue;
             };
-            if sandbox.phase() != Phase::Paused {
-                continue;
-            }
+            // Under the verb lock, a runtime still parked belongs to a sandbox still paused.
             let Some(runtime) = sandbox.take_parked() else {
                 continue;
             };
@@ -124,6 +107,22 @@ impl Lifecycle {
                 drop(verb);
             });
         }
+    }
+
+    /// The sandboxes whose runtime is parked, oldest first, and the memory those runtimes hold.
+    pub(super) fn parked(&self) -> (Vec<Arc<Sandbox>>, u64) {
+        let mut parked: Vec<(Instant, Arc<Sandbox>)> = self
+            .sandboxes
+            .all()
+            .into_iter()
+            .filter_map(|s| Some((s.parked_since()?, s)))
+            .collect();
+        parked.sort_by_key(|(since, _)| *since);
+        let held = parked
+            .iter()
+            .filter_map(|(_, s)| self.driver.memory_used(s.id()))
+            .sum();
+        (parked.into_iter().map(|(_, s)| s).collect(), held)
     }
 
     /// Destroys a paused sandbox's parked runtime, if it has one, in the background.
