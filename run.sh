@@ -31,5 +31,5 @@ E2B_API_URL="http://$LISTEN" E2B_SANDBOX_URL="http://$LISTEN" \
   .venv/bin/python examples/demo.py || echo "(the demo failed; the server is still running)"
 
 echo
-echo "Airlock is running on http://$LISTEN. Press Ctrl-C to stop it (that kills every sandbox)."
+echo "Airlock is running on http://$LISTEN. Press Ctrl-C to stop it (running sandboxes run on; the next start adopts them)."
 wait $SERVER

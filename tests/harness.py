@@ -34,13 +34,17 @@ class Server:
         self.proc = None
         self.log = data_dir / "server-test.log"
         self.extra_args = []  # more `airlock serve` flags
+        # Sandboxes die with the server unless a test says otherwise, so that a run leaves the
+        # host as it found it (the server's own default keeps them running).
+        self.stop_sandboxes_on_exit = True
         self.listen_host = "127.0.0.1"
 
     def start(self):
         # A short ready timeout, so that a test of a start command that never becomes ready
         # waits for it in seconds, not the default five minutes.
         env = dict(os.environ, AIRLOCK_API_KEY=API_KEY, AIRLOCK_LOG="info",
-                   AIRLOCK_READY_TIMEOUT="30")
+                   AIRLOCK_READY_TIMEOUT="30",
+                   AIRLOCK_STOP_SANDBOXES_ON_EXIT=str(self.stop_sandboxes_on_exit).lower())
         self.proc = subprocess.Popen(
             [str(AIRLOCK), "--data-dir", str(self.data_dir), "serve", "--listen", f"{self.listen_host}:{self.port}", *self.extra_args],
             stdout=open(self.log, "ab"),

@@ -1,11 +1,70 @@
-"""Restart after `kill -9`: every sandbox is adopted (and works) or removed, and nothing leaks.
-A clean shutdown leaves no runsc process, netns or veth behind."""
+"""Restarts. By default a stop leaves running sandboxes running and the next start adopts them
+with their processes, files, kernels, timeouts and network rules. After `kill -9` every sandbox
+is adopted (and works) or removed, and nothing leaks. A stop with `--stop-sandboxes-on-exit`
+(the suite's setting) leaves no runsc process, netns or veth behind."""
 
 import signal
+import time
 
+import pytest
 from e2b import Sandbox
 
 from conftest import host_leftovers
+from test_network import HTTP, NAME, probe, target  # noqa: F401 (a fixture)
+
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"
+
+
+@pytest.fixture
+def sandboxes_run_on(server):
+    """The server as it is by default: sandboxes run on through its stops. Put back after (the
+    next start adopts what a test left running, and the suite's server kills it at the end)."""
+    server.stop()
+    server.stop_sandboxes_on_exit = False
+    server.start()
+    yield server
+    server.stop()
+    server.stop_sandboxes_on_exit = True
+    server.start()
+
+
+def counted(sbx):
+    return int(sbx.files.read("/tmp/count"))
+
+
+def test_a_stop_and_start_keep_processes_files_kernels_timeouts_and_rules(sandboxes_run_on, target):
+    from e2b_code_interpreter import Sandbox as Interpreter
+
+    server = sandboxes_run_on
+    walled = Interpreter.create(timeout=600, network={"deny_out": [f"{target}/32"]})
+    control = Sandbox.create("base")  # the default rules: proves the probe can get through
+    try:
+        walled.files.write("/home/user/kept.txt", "still here")
+        counter = walled.commands.run(COUNTER, background=True)
+        assert walled.run_code("x = 41").error is None
+        assert probe(walled, f"tls({target!r}, 443, {NAME!r})")[0].startswith("blocked")
+        end_at = walled.get_info().end_at
+        before = counted(walled)
+
+        server.stop()  # SIGTERM
+        netns = host_leftovers(server.data_dir)["netns"]
+        assert any(walled.sandbox_id in n for n in netns), "it runs on"
+        server.start()
+
+        again = Interpreter.connect(walled.sandbox_id)
+        assert counter.pid in [p.pid for p in again.commands.list()]
+        after = counted(again)
+        time.sleep(0.5)
+        assert before < after < counted(again), "the process counted on through the restart"
+        assert again.files.read("/home/user/kept.txt") == "still here"
+        assert again.run_code("x + 1").text == "42", "the kernel kept its state"
+        assert again.get_info().end_at == end_at
+        assert probe(again, f"tls({target!r}, 443, {NAME!r})")[0].startswith("blocked")
+        assert probe(Sandbox.connect(control.sandbox_id),
+                     f"tls({target!r}, 443, {NAME!r})")[0] == HTTP
+    finally:
+        walled.kill()
+        control.kill()
 
 
 def test_kill_9_then_restart_adopts_and_leaks_nothing(server):

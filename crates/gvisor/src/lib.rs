@@ -577,12 +577,13 @@ impl Driver for GvisorDriver {
     }
 
     async fn adopt(&self, id: &SandboxId, slot: u32) -> Option<Placement> {
-        if self.runsc.state(id.as_str()).await.as_deref() != Some("running") {
-            return None;
-        }
-        // Frozen when the last server stopped; this one starts out with it awake.
+        // Frozen when the last server stopped; this one starts out with it awake. First: a
+        // frozen sandbox cannot answer runsc's state query, which would wait for its timeout.
         if let Err(e) = cgroup::set_frozen(id.as_str(), false) {
             tracing::warn!(%id, error = %e, "could not thaw an adopted sandbox");
+            return None;
+        }
+        if self.runsc.state(id.as_str()).await.as_deref() != Some("running") {
             return None;
         }
         self.network.adopt(slot);

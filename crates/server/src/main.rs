@@ -1,7 +1,7 @@
 //! `airlock`: the Airlock server and its command-line client.
 
 use airlock_core::driver::Resources;
-use airlock_core::lifecycle::{KeyQuota, Limits};
+use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
 use airlock_server::data_dir::DataDir;
 use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
@@ -176,6 +176,15 @@ enum Command {
         /// once.
         #[arg(long)]
         prepare_only: bool,
+        /// Kill every running sandbox when the server stops (SIGTERM, Ctrl-C). By default they
+        /// run on through a stop, a restart or an upgrade of the server: their processes, files,
+        /// code interpreter state, timeouts and network rules are kept (the host firewall keeps
+        /// enforcing the rules meanwhile), and the next `airlock serve` on the same data dir
+        /// adopts them. While no server runs, nothing reaches them and their own new
+        /// connections by domain name fail; a sandbox whose timeout passed meanwhile is killed
+        /// at the next start.
+        #[arg(long, env = "AIRLOCK_STOP_SANDBOXES_ON_EXIT")]
+        stop_sandboxes_on_exit: bool,
     },
     /// List, kill and run commands in sandboxes.
     #[command(subcommand)]
@@ -271,6 +280,7 @@ async fn run(cli: Cli) -> ExitCode {
             build_step_timeout,
             insecure_open_network,
             prepare_only,
+            stop_sandboxes_on_exit,
             domain,
         } => serve::serve(serve::ServeOptions {
             listen,
@@ -285,6 +295,11 @@ async fn run(cli: Cli) -> ExitCode {
             insecure_open_network,
             prepare_only,
             domain,
+            on_exit: if stop_sandboxes_on_exit {
+                OnExit::StopSandboxes
+            } else {
+                OnExit::KeepRunning
+            },
             limits: Limits {
                 max_sandboxes,
                 per_key: KeyQuota {

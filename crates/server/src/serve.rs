@@ -5,7 +5,7 @@ use crate::data_dir::DataDir;
 use crate::{api, listen, proxy, AppState, AppStateInner};
 use airlock_core::build::{BuildOptions, Builder};
 use airlock_core::driver::Driver;
-use airlock_core::lifecycle::{Lifecycle, Limits};
+use airlock_core::lifecycle::{Lifecycle, Limits, OnExit};
 use airlock_core::store::{KeyLimits, Store};
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub prepare_only: bool,
     /// What sandboxes' ports are named under, for the SDK's `get_host`.
     pub domain: Option<String>,
+    /// What a stop does to running sandboxes.
+    pub on_exit: OnExit,
 }
 
 /// `name` (`airlock-agent`, `airlock-netd`) is shipped next to the `airlock` binary.
@@ -245,9 +247,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     }
     if built.is_err() || opts.prepare_only {
         // Nothing was served: stop as at a signal.
-        lifecycle.shutdown().await;
-        builder.unmount_templates().await;
-        volumes.close_all().await;
+        stop_sandboxes(&lifecycle, &builder, &volumes, opts.on_exit).await;
         return built.map(|()| {
             println!("The built-in templates are ready; not serving (--prepare-only)");
         });
@@ -318,18 +318,14 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         opts.listen
     );
 
-    // On a signal, kill every sandbox first: that cuts their open streams, which graceful
-    // shutdown would otherwise wait on forever. The pool filler stops first, so it cannot add
-    // a sandbox behind the shutdown's back.
+    // On a signal, cut every sandbox's open streams first (killing it does too), which
+    // graceful shutdown would otherwise wait on forever. The pool filler stops first, so it
+    // cannot add a sandbox behind the shutdown's back.
     let drain = async {
-        println!("Shutting down: killing all running sandboxes (paused ones stay on disk)");
         stop.cancel();
         let drained = async {
             let _ = pools.await;
-            lifecycle.shutdown().await;
-            // No sandbox uses a template's mount any more; the next start mounts them again.
-            builder.unmount_templates().await;
-            volumes.close_all().await;
+            stop_sandboxes(&lifecycle, &builder, &volumes, opts.on_exit).await;
         };
         if tokio::time::timeout(Duration::from_secs(60), drained)
             .await
@@ -341,6 +337,29 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     listen::serve(listener, app, wait_for_signal(), drain).await;
     let _ = reaper.await;
     Ok(())
+}
+
+/// Stops serving sandboxes as `on_exit` says. Template and volume mounts stay while sandboxes
+/// run on them (the next start takes them over); with none left, they are undone.
+async fn stop_sandboxes(
+    lifecycle: &Lifecycle,
+    builder: &Builder,
+    volumes: &airlock_core::volumes::Volumes,
+    on_exit: OnExit,
+) {
+    if on_exit == OnExit::StopSandboxes {
+        println!("Shutting down: killing all running sandboxes (paused ones stay on disk)");
+    }
+    let left_running = lifecycle.shutdown(on_exit).await;
+    if left_running > 0 {
+        println!(
+            "Stopped. Sandboxes left running: {left_running}; the next `airlock serve` on this \
+             data dir adopts them (--stop-sandboxes-on-exit kills them instead)"
+        );
+        return;
+    }
+    builder.unmount_templates().await;
+    volumes.close_all().await;
 }
 
 /// Removes the layers, mounts and uploads that nothing uses any more (see

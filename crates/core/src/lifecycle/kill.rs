@@ -1,7 +1,7 @@
 //! Killing sandboxes, and destroying what a sandbox holds on the host.
 
 use super::sandbox::{Phase, Sandbox};
-use super::{paused_image, Lifecycle, LifecycleError};
+use super::{paused_image, Lifecycle, LifecycleError, OnExit};
 use crate::ids::SandboxId;
 
 impl Lifecycle {
@@ -79,16 +79,24 @@ impl Lifecycle {
         }
     }
 
-    /// Kills every running and pooled sandbox and waits until the host holds nothing of them.
-    /// Paused sandboxes stay on disk for the next start (their parked runtimes go).
-    pub async fn shutdown(&self) {
+    /// Stops serving sandboxes and waits until the host holds nothing it must not keep. With
+    /// [`OnExit::KeepRunning`] running sandboxes run on (their streams are cut) for the next
+    /// start to adopt; with [`OnExit::StopSandboxes`] they are killed. Pooled sandboxes and
+    /// parked runtimes go either way: paused sandboxes stay on disk. Returns how many sandboxes
+    /// were left running; only with none does the driver give the host back what it changed.
+    pub async fn shutdown(&self, on_exit: OnExit) -> usize {
+        let mut left_running = 0;
         for sandbox in self.sandboxes.all() {
             let Some(_verb) = sandbox.lock_verb().await else {
                 continue;
             };
-            match sandbox.phase() {
+            match (sandbox.phase(), on_exit) {
                 // On disk: only the runtime kept to resume it fast goes.
-                Phase::Paused => self.let_parked_go(&sandbox),
+                (Phase::Paused, _) => self.let_parked_go(&sandbox),
+                (Phase::Running, OnExit::KeepRunning) => {
+                    sandbox.cut_streams();
+                    left_running += 1;
+                }
                 _ => {
                     let _ = self.stop(&sandbox);
                 }
@@ -98,7 +106,10 @@ impl Lifecycle {
             self.destroying.spawn(self.release(p.id, p.placement.slot));
         }
         self.settle().await;
-        self.driver.shutdown().await;
+        if left_running == 0 {
+            self.driver.shutdown().await;
+        }
+        left_running
     }
 
     /// Waits for the background destroys started so far.

@@ -58,6 +58,16 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
+/// What a server's stop does to the sandboxes that run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnExit {
+    /// They run on, with their processes, files and network rules (which stay in the host's
+    /// firewall), and the next start adopts them.
+    KeepRunning,
+    /// They are killed, as by `kill`.
+    StopSandboxes,
+}
+
 /// Why a sandbox's agent did not take its settings (`/init`).
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {

@@ -3,7 +3,7 @@
 //! images that nothing names are swept.
 
 use super::sandbox::{Phase, Sandbox};
-use super::{now_unix, paused_image, Lifecycle, LifecycleError, PAUSED_PREFIX, SNAPSHOT_PREFIX};
+use super::{paused_image, Lifecycle, LifecycleError, PAUSED_PREFIX, SNAPSHOT_PREFIX};
 use crate::egress::Egress;
 use crate::ids::SandboxId;
 use crate::store::{SandboxState, Store, StoreError};
@@ -66,7 +66,9 @@ impl Lifecycle {
                     .map(|()| placement),
                 None => None,
             };
-            if let Some(placement) = placement.filter(|_| record.end_at > now_unix()) {
+            // One whose timeout passed while no server ran is adopted all the same: the reaper
+            // then does what its timeout asks (a pause, say), as if the server had run.
+            if let Some(placement) = placement {
                 keep.push((record.id.clone(), slot));
                 report.adopted.push(record.id.clone());
                 self.sandboxes

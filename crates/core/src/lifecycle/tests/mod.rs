@@ -10,6 +10,7 @@ use std::sync::Mutex;
 mod admission;
 mod freezer;
 mod parking;
+mod shutdown;
 
 /// What every image of the recording driver takes on disk.
 const IMAGE_SIZE: u64 = 3 << 20;
@@ -33,6 +34,8 @@ struct RecordingDriver {
     memory_each: u64,
     /// Whether any sandbox was frozen at the last `set_egress`.
     egress_set_while_frozen: std::sync::atomic::AtomicBool,
+    /// Whether a shutdown gave the host back what the driver changed.
+    host_given_back: std::sync::atomic::AtomicBool,
 }
 
 impl RecordingDriver {
@@ -160,7 +163,10 @@ impl Driver for RecordingDriver {
             0
         }
     }
-    async fn shutdown(&self) {}
+    async fn shutdown(&self) {
+        self.host_given_back
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// An agent that answers at once, except (with `first_copy_dead`) in the first sandbox it is

@@ -90,7 +90,7 @@ async fn a_stopping_server_lets_parked_runtimes_go_and_keeps_the_images() {
     lc.pause(sbx.id().as_str(), PauseMode::Full, false)
         .await
         .unwrap();
-    lc.shutdown().await;
+    lc.shutdown(OnExit::KeepRunning).await;
     assert!(driver.destroyed.lock().unwrap().contains(sbx.id()));
     assert!(driver.has_image(&paused_image(sbx.id())));
     let row = store.sandbox(sbx.id()).unwrap().unwrap();
