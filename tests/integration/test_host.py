@@ -123,9 +123,42 @@ def test_a_refused_upload_is_not_read(server, sandbox):
     assert sandbox.commands.run("echo fine").stdout == "fine\n"
 
 
-def airlock(*args, data_dir):
+def airlock(*args, data_dir, env=None):
     return subprocess.run([str(AIRLOCK), "--data-dir", str(data_dir), *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_missing_or_old_runsc_is_refused_with_what_to_install(server, tmp_path):
+    missing = airlock("serve", "--listen", "127.0.0.1:1", "--runsc", "/nonexistent/runsc",
+                      data_dir=tmp_path / "a")
+    assert missing.returncode == 1, missing.stderr
+    assert "/nonexistent/runsc" in missing.stderr and "bookworm-backports" in missing.stderr
+
+    old = tmp_path / "old-runsc"
+    old.write_text("#!/bin/sh\necho 'runsc version 0.0~20200101.0'\necho 'spec: 1.0.2'\n")
+    old.chmod(0o755)
+    refused = airlock("serve", "--listen", "127.0.0.1:1", "--runsc", str(old), data_dir=tmp_path / "b")
+    assert refused.returncode == 1, refused.stderr
+    assert "older than the oldest release" in refused.stderr and "--runsc" in refused.stderr
+
+    not_runsc = airlock("serve", "--listen", "127.0.0.1:1", "--runsc", "/bin/true", data_dir=tmp_path / "c")
+    assert not_runsc.returncode == 1 and "does not look like runsc" in not_runsc.stderr
+
+
+def test_logs_come_as_json_when_asked_at_the_level_rust_log_names(server, tmp_path):
+    """A second server (refused: this host has one) logs what it found first."""
+    env = {k: v for k, v in os.environ.items() if k not in ("AIRLOCK_LOG", "RUST_LOG")}
+    second = airlock("--log-format", "json", "serve", "--listen", "127.0.0.1:1",
+                     data_dir=tmp_path / "d", env=env)
+    assert second.returncode == 1 and "only one server per host" in second.stderr
+    lines = [json.loads(line) for line in second.stderr.splitlines() if line.startswith("{")]
+    found = [line for line in lines if line["fields"].get("message") == "runsc found"]
+    assert found and found[0]["level"] == "INFO" and found[0]["fields"]["version"].startswith("runsc version")
+
+    quiet = airlock("--log-format", "json", "serve", "--listen", "127.0.0.1:1",
+                    data_dir=tmp_path / "e", env=dict(env, RUST_LOG="warn"))
+    assert quiet.returncode == 1
+    assert "runsc found" not in quiet.stderr, "RUST_LOG=warn leaves info out"
 
 
 def test_a_data_dir_others_can_change_is_refused(server):

@@ -48,6 +48,7 @@ mod loop_device;
 mod network;
 mod oci;
 mod runsc;
+mod runsc_version;
 mod volumes;
 
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
@@ -195,6 +196,8 @@ impl GvisorDriver {
             format!("resolving {}", config.state_dir.display()),
         ))?;
         utf8("state dir", &state_dir)?;
+        let version = runsc_version::check(&config.runsc)?;
+        tracing::info!(runsc = %config.runsc.display(), version, "runsc found");
         let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_lock = take_host_lock()?;
         let network = Network::new(network::Setup {

@@ -36,16 +36,21 @@ impl State {
     }
 }
 
-/// Logs to stderr at the level `AIRLOCK_LOG` names (`info` by default). The server and netd log
-/// alike, so that their lines read as one.
+/// Logs to stderr at the level `AIRLOCK_LOG` names, or else `RUST_LOG` (`info` if neither is
+/// set), as text, or as one JSON object a line when `AIRLOCK_LOG_FORMAT` is `json`. The server
+/// and netd log alike, so that their lines read as one.
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = ["AIRLOCK_LOG", "RUST_LOG"]
+        .into_iter()
+        .find_map(|var| tracing_subscriber::EnvFilter::try_from_env(var).ok())
+        .unwrap_or_else(|| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match std::env::var("AIRLOCK_LOG_FORMAT").as_deref() {
+        Ok("json") => logs.json().init(),
+        _ => logs.init(),
+    }
 }
 
 /// Raises this process's open-files limit to the hard limit (and says so): every sandbox, proxied

@@ -46,8 +46,19 @@ struct Cli {
     /// API key for client commands; defaults to the one the server generated in the data dir.
     #[arg(long, global = true, env = "AIRLOCK_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// How the server logs to stderr: `text` for people, `json` (one object a line) for a log
+    /// collector. The level comes from AIRLOCK_LOG, or else RUST_LOG (`info` by default), e.g.
+    /// `AIRLOCK_LOG=airlock_core=debug,info`.
+    #[arg(long, global = true, env = "AIRLOCK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -66,6 +77,10 @@ enum Command {
         /// Path of the `airlock-agent` binary to run inside sandboxes [default: next to `airlock`].
         #[arg(long)]
         agent_bin: Option<PathBuf>,
+        /// The gVisor runtime to run sandboxes with, looked up in PATH unless it is a path.
+        /// Checked at start: it must be release 2024-07-29 or newer.
+        #[arg(long, env = "AIRLOCK_RUNSC", default_value = "runsc")]
+        runsc: PathBuf,
         /// Most sandboxes running at once, for all API keys together. Creates and resumes
         /// beyond it get 429.
         #[arg(long, default_value_t = 256)]
@@ -234,8 +249,13 @@ fn parse_domain(text: &str) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    airlock_netd::init_logging();
     let cli = Cli::parse();
+    if cli.log_format == LogFormat::Json {
+        // Read by the logger, and by netd, which the server starts with it. Set before any
+        // thread exists.
+        std::env::set_var("AIRLOCK_LOG_FORMAT", "json");
+    }
+    airlock_netd::init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -258,6 +278,7 @@ async fn run(cli: Cli) -> ExitCode {
             listen,
             metrics_listen,
             agent_bin,
+            runsc,
             max_sandboxes,
             key_max_running,
             key_max_paused,
@@ -288,6 +309,7 @@ async fn run(cli: Cli) -> ExitCode {
             data_dir: cli.data_dir.clone(),
             templates_dir: cli.templates_dir.clone(),
             agent_binary: agent_bin,
+            runsc,
             insecure_registries,
             build_min_free_mb,
             volume_size_mb,

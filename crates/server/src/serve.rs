@@ -28,6 +28,8 @@ pub struct ServeOptions {
     /// Where templates are kept when not in the data dir.
     pub templates_dir: Option<PathBuf>,
     pub agent_binary: Option<PathBuf>,
+    /// The runsc binary, looked up in `PATH` unless it is a path.
+    pub runsc: PathBuf,
     pub limits: Limits,
     /// Registries `from_image` may reach over HTTP and at private addresses.
     pub insecure_registries: Vec<String>,
@@ -183,7 +185,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             airlock_gvisor::GvisorConfig {
                 state_dir: data.gvisor(),
                 agent_binary,
-                runsc: PathBuf::from("runsc"),
+                runsc: opts.runsc,
                 netd_binary,
                 open_network: opts.insecure_open_network,
             },

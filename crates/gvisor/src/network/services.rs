@@ -253,9 +253,9 @@ fn spawn(
     let mut cmd = tokio::process::Command::new(&config.binary);
     cmd.env_clear()
         .envs(
-            std::env::var("AIRLOCK_LOG")
-                .ok()
-                .map(|v| ("AIRLOCK_LOG", v)),
+            ["AIRLOCK_LOG", "RUST_LOG", "AIRLOCK_LOG_FORMAT"]
+                .into_iter()
+                .filter_map(|var| Some((var, std::env::var(var).ok()?))),
         )
         .uid(uid)
         .gid(gid)
