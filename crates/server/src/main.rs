@@ -201,7 +201,8 @@ enum Command {
         #[arg(long, env = "AIRLOCK_STOP_SANDBOXES_ON_EXIT")]
         stop_sandboxes_on_exit: bool,
     },
-    /// List, kill and run commands in sandboxes.
+    /// Drive sandboxes on a running server: create, ls, info, exec, shell, cp, logs, pause,
+    /// resume, snapshot, kill.
     #[command(subcommand)]
     Sandbox(cli::SandboxCommand),
     /// Build and list templates (the root filesystems sandboxes start from).
@@ -228,6 +229,9 @@ enum Command {
         /// File with the code, or `-` to read standard input.
         source: String,
     },
+    /// Print a completion script for your shell, e.g.
+    /// `airlock completions bash > /etc/bash_completion.d/airlock`.
+    Completions { shell: clap_complete::Shell },
 }
 
 /// A host name, with a port if need be (`localhost:3000`, `sandbox.example.com`).
@@ -350,6 +354,16 @@ async fn run(cli: Cli) -> ExitCode {
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "airlock",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Template(cmd) => match cmd.into_dockerfile_build() {
             Some(build) => airlock_server::dockerfile_build::run(client(), build).await,
             None => data_dir(&cli.data_dir, cli.templates_dir.as_deref())

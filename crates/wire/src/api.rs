@@ -169,6 +169,15 @@ pub enum SandboxState {
     Paused,
 }
 
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+        }
+    }
+}
+
 /// `GET /sandboxes/{id}` and the items of the list endpoints.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

@@ -35,16 +35,16 @@ pub struct Pty {
     pub size: PtySize,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StartRequest {
     #[serde(default)]
     pub process: ProcessConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<Pty>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     /// Missing means `true` (the legacy default).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<bool>,
 }
 
@@ -87,7 +87,7 @@ pub enum ProcessInput {
     Pty(#[serde(with = "b64")] Vec<u8>),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SendInputRequest {
     pub process: ProcessSelector,
     pub input: ProcessInput,
@@ -125,10 +125,10 @@ pub struct SendSignalRequest {
     pub signal: Signal,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpdateRequest {
     pub process: ProcessSelector,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<Pty>,
 }
 
