@@ -44,8 +44,11 @@ pub fn init_logging() {
         .into_iter()
         .find_map(|var| tracing_subscriber::EnvFilter::try_from_env(var).ok())
         .unwrap_or_else(|| "info".into());
+    // Colours for a person at a terminal only, not in a file or the journal.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match std::env::var("AIRLOCK_LOG_FORMAT").as_deref() {
         Ok("json") => logs.json().init(),

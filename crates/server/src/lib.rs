@@ -10,6 +10,7 @@ pub mod data_dir;
 pub mod dockerfile;
 pub mod dockerfile_build;
 pub mod error;
+pub mod install;
 pub mod listen;
 pub mod logs_api;
 pub mod metrics_api;

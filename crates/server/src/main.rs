@@ -229,6 +229,23 @@ enum Command {
         /// File with the code, or `-` to read standard input.
         source: String,
     },
+    /// Set Airlock up as a systemd service: the data dir, an API key, and a unit file
+    /// (airlock.service) that runs `airlock serve` at boot. Stopping or restarting the service
+    /// leaves running sandboxes running; the next start adopts them. Logs go to the journal.
+    Install {
+        /// The address the service listens on.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        listen: SocketAddr,
+        /// Serve the operator's /metrics on this address too (see `serve --help`).
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<SocketAddr>,
+        /// Where the unit file is written.
+        #[arg(long, default_value = "/etc/systemd/system")]
+        unit_dir: PathBuf,
+        /// Only write the files; do not enable and start the service.
+        #[arg(long)]
+        no_start: bool,
+    },
     /// Print a completion script for your shell, e.g.
     /// `airlock completions bash > /etc/bash_completion.d/airlock`.
     Completions { shell: clap_complete::Shell },
@@ -354,6 +371,21 @@ async fn run(cli: Cli) -> ExitCode {
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
+        Command::Install {
+            listen,
+            metrics_listen,
+            unit_dir,
+            no_start,
+        } => airlock_server::install::install(airlock_server::install::InstallOptions {
+            data_dir: cli.data_dir.clone(),
+            templates_dir: cli.templates_dir.clone(),
+            listen,
+            metrics_listen,
+            unit_dir,
+            start: !no_start,
+        })
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(cli::CliError::Other),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(

@@ -105,7 +105,7 @@ fn is_static_executable(path: &Path) -> anyhow::Result<bool> {
 }
 
 /// Makes sure at least one API key exists. Returns a key to print if one was made or given.
-fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
+pub(crate) fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
     if let Ok(key) = std::env::var("AIRLOCK_API_KEY") {
         if key.trim().is_empty() {
             bail!("AIRLOCK_API_KEY is set but empty");
@@ -137,10 +137,28 @@ pub fn new_api_key() -> String {
     format!("e2b_{}", hex::encode(rand::random::<[u8; 20]>()))
 }
 
-enum KeySource {
+pub(crate) enum KeySource {
     Environment,
     Existing,
     Generated(String),
+}
+
+/// Says which API key clients use, printing it if it was just made.
+pub(crate) fn print_key(key: &KeySource, data: &DataDir) {
+    match key {
+        KeySource::Generated(key) => {
+            println!(
+                "Generated API key (also saved to {}):",
+                data.api_key_file().display()
+            );
+            println!("  {key}");
+        }
+        KeySource::Environment => println!("API key: from AIRLOCK_API_KEY"),
+        KeySource::Existing => println!(
+            "API key: as before (the generated one is in {})",
+            data.api_key_file().display()
+        ),
+    }
 }
 
 fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
@@ -300,20 +318,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         tokio::spawn(std::future::IntoFuture::into_future(served));
         println!("Operator metrics (Prometheus) on http://{addr}/metrics");
     }
-    match key {
-        KeySource::Generated(key) => {
-            println!(
-                "Generated API key (also saved to {}):",
-                data.api_key_file().display()
-            );
-            println!("  {key}");
-        }
-        KeySource::Environment => println!("API key: from AIRLOCK_API_KEY"),
-        KeySource::Existing => println!(
-            "API key: as before (the generated one is in {})",
-            data.api_key_file().display()
-        ),
-    }
+    print_key(&key, &data);
     println!("Point the E2B SDK here with:");
     println!(
         "  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_VOLUME_API_URL=http://{0}",
