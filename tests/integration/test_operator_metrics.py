@@ -68,3 +68,46 @@ def test_metrics_are_not_on_the_api_port(server):
     """The numbers are the whole host's: API keys' holders do not get them."""
     status, body = server.api("GET", "/metrics")
     assert status == 404, body
+
+
+def test_verbs_keys_builds_and_disks_are_counted(server, restarted, sandbox_factory):
+    import hashlib
+    import os
+
+    from e2b import Sandbox, SandboxException
+
+    from conftest import API_KEY
+
+    restarted()  # counters start afresh with the process
+    before = scrape(server)
+    assert value(before, "airlock_sandbox_verb_calls_total", verb="create", outcome="ok") == 0
+    assert value(before, "airlock_golden_image_builds_total", outcome="failed") == 0
+
+    sbx = sandbox_factory()
+    sbx.pause()
+    Sandbox.connect(sbx.sandbox_id)
+    try:
+        Sandbox.create("no-such-template")
+    except SandboxException:
+        pass
+    metrics = scrape(server)
+    for verb, outcome in [("create", "ok"), ("create", "refused"), ("pause", "ok"), ("connect", "ok")]:
+        assert value(metrics, "airlock_sandbox_verb_calls_total", verb=verb, outcome=outcome) == 1, (verb, outcome)
+    assert value(metrics, "airlock_sandbox_verb_seconds_count", verb="create") == 2
+    assert value(metrics, "airlock_sandbox_verb_seconds_sum", verb="create") > 0
+    assert value(metrics, "airlock_sandbox_verb_seconds_bucket", verb="create", le="+Inf") == 2
+
+    key_id = hashlib.sha256(API_KEY.encode()).hexdigest()[:12]
+    assert value(metrics, "airlock_key_sandboxes", key=key_id, state="running") == 1
+    assert value(metrics, "airlock_key_sandboxes", key=key_id, state="paused") == 0
+
+    disk = os.statvfs(server.data_dir)
+    total = disk.f_blocks * disk.f_frsize
+    assert value(metrics, "airlock_disk_total_bytes", dir="data") == total
+    assert 0 < value(metrics, "airlock_disk_available_bytes", dir="data") <= total
+    assert ("airlock_golden_image_builds_total", frozenset({"outcome": "ok"}.items())) in metrics
+
+    sbx.kill()
+    metrics = scrape(server)
+    assert value(metrics, "airlock_sandbox_verb_calls_total", verb="kill", outcome="ok") == 1
+    assert value(metrics, "airlock_key_sandboxes", key=key_id, state="running") == 0

@@ -893,6 +893,14 @@ mod tests {
         };
         assert_eq!(ids("a"), ["a4", "a3", "a2"]);
         assert_eq!(ids("b"), ["b1"]);
+        store
+            .set_build_status("b1", BuildStatus::Building, None, 6)
+            .unwrap();
+        assert_eq!(
+            store.build_counts().unwrap(),
+            [(BuildStatus::Building, 1), (BuildStatus::Ready, 3)],
+            "the kept builds, by status"
+        );
         assert!(store.build_logs("a1", 0, 10).unwrap().is_empty());
         assert_eq!(store.build_logs("a4", 0, 10).unwrap().len(), 1);
     }

@@ -24,7 +24,7 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most forks one call may ask for (E2B's limit).
 const MAX_FORKS: usize = 20;
@@ -151,7 +151,20 @@ pub fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiEr
     Ok(())
 }
 
+/// A create, counted and timed for the operator's metrics.
 async fn create(
+    state: &AppState,
+    caller: Caller,
+    body: NewSandbox,
+    secure: bool,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let result = start_sandbox(state, caller, body, secure).await;
+    state.verbs.observe("create", started, &result);
+    result
+}
+
+async fn start_sandbox(
     state: &AppState,
     caller: Caller,
     body: NewSandbox,
@@ -329,8 +342,10 @@ async fn kill(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
-    state.lifecycle.kill(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
+    let started = Instant::now();
+    let result = state.lifecycle.kill(&id).await.map_err(ApiError::from);
+    state.verbs.observe("kill", started, &result);
+    result.map(|()| StatusCode::NO_CONTENT)
 }
 
 /// The outbound policy that a create's or an update's network settings ask for.
@@ -388,14 +403,18 @@ async fn connect(
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    let (sandbox, resumed) = state
+    let started = Instant::now();
+    let result = state
         .lifecycle
         .connect(
             &id,
             body.timeout.map(Duration::from_secs),
             resume_mode(&body),
         )
-        .await?;
+        .await
+        .map_err(ApiError::from);
+    state.verbs.observe("connect", started, &result);
+    let (sandbox, resumed) = result?;
     let status = if resumed {
         StatusCode::CREATED
     } else {
@@ -416,8 +435,11 @@ async fn pause(
         _ => PauseMode::Full,
     };
     let healthy_guest = body.require_healthy_guest.unwrap_or(false);
-    state.lifecycle.pause(&id, mode, healthy_guest).await?;
-    Ok(StatusCode::NO_CONTENT)
+    let started = Instant::now();
+    let result = state.lifecycle.pause(&id, mode, healthy_guest).await;
+    let result = result.map_err(ApiError::from);
+    state.verbs.observe("pause", started, &result);
+    result.map(|()| StatusCode::NO_CONTENT)
 }
 
 async fn resume(
@@ -425,14 +447,18 @@ async fn resume(
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    let sandbox = state
+    let started = Instant::now();
+    let result = state
         .lifecycle
         .resume(
             &id,
             body.timeout.map(Duration::from_secs),
             resume_mode(&body),
         )
-        .await?;
+        .await
+        .map_err(ApiError::from);
+    state.verbs.observe("resume", started, &result);
+    let sandbox = result?;
     Ok((
         StatusCode::CREATED,
         Json(sandbox_body(&state, &sandbox.record())),
@@ -452,7 +478,11 @@ async fn create_snapshot(
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<SnapshotRequest>,
 ) -> Result<Response, ApiError> {
-    let snapshot = state.lifecycle.snapshot(&id, body.name.as_deref()).await?;
+    let started = Instant::now();
+    let result = state.lifecycle.snapshot(&id, body.name.as_deref()).await;
+    let result = result.map_err(ApiError::from);
+    state.verbs.observe("snapshot", started, &result);
+    let snapshot = result?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
 }
 

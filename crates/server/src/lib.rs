@@ -36,6 +36,8 @@ pub struct AppStateInner {
     pub signers: proxy::Signers,
     /// `--domain`: what sandboxes' ports are named under (`{port}-{id}.{domain}`).
     pub domain: Option<String>,
+    /// The API's sandbox verbs, counted and timed for the operator's `/metrics`.
+    pub verbs: Arc<operator_metrics::Verbs>,
 }
 
 pub type AppState = Arc<AppStateInner>;

@@ -1,27 +1,106 @@
 //! `GET /metrics` for the host's operator, in Prometheus' text format (OpenMetrics), on an
 //! address of its own (`airlock serve --metrics-listen`): the numbers are the whole host's,
 //! not one API key's, so they stay off the port that tenants reach. What they say is how full
-//! the host is: sandboxes by phase, how many are frozen, each pool, and memory headroom.
+//! the host is (sandboxes by phase and by key, frozen ones, each pool, memory and disk
+//! headroom), what the API's sandbox verbs did and how long they took, and golden-image and
+//! template builds.
 
+use crate::error::ApiError;
 use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
+use airlock_core::store::Store;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// What the metrics are read from.
+pub struct Sources {
+    pub lifecycle: Arc<Lifecycle>,
+    pub store: Arc<Store>,
+    pub verbs: Arc<Verbs>,
+    /// Directories whose disk headroom is shown, by the name the `dir` label gives them.
+    pub dirs: Vec<(&'static str, PathBuf)>,
+}
+
+/// The API's sandbox verbs (create, resume, pause, snapshot, kill): how each call ended, and
+/// how long it took, counted as they answer.
+pub struct Verbs {
+    calls: Family<VerbOutcome, Counter>,
+    seconds: Family<Verb, Histogram, fn() -> Histogram>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbOutcome {
+    verb: &'static str,
+    /// `ok`, `refused` (the caller's fault or a limit: 4xx) or `failed` (the server's: 5xx).
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Verb {
+    verb: &'static str,
+}
+
+impl Default for Verbs {
+    fn default() -> Self {
+        // 5 ms to 41 s: a pooled create to a cold boot of a big template.
+        fn histogram() -> Histogram {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        }
+        Verbs {
+            calls: Family::default(),
+            seconds: Family::new_with_constructor(histogram),
+        }
+    }
+}
+
+impl Verbs {
+    /// Counts a call of `verb` that began at `started` and ended with `result`.
+    pub fn observe<T>(&self, verb: &'static str, started: Instant, result: &Result<T, ApiError>) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(e) if e.status.is_client_error() => "refused",
+            Err(_) => "failed",
+        };
+        self.calls
+            .get_or_create(&VerbOutcome { verb, outcome })
+            .inc();
+        self.seconds
+            .get_or_create(&Verb { verb })
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
 /// The metrics router, for its own listener.
-pub fn router(lifecycle: Arc<Lifecycle>) -> Router {
+pub fn router(sources: Sources) -> Router {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(LoadCollector(lifecycle)));
+    registry.register(
+        "airlock_sandbox_verb_calls",
+        "Calls of the API's sandbox verbs, by how they ended",
+        sources.verbs.calls.clone(),
+    );
+    registry.register(
+        "airlock_sandbox_verb_seconds",
+        "How long the API's sandbox verbs took to answer",
+        sources.verbs.seconds.clone(),
+    );
+    registry.register_collector(Box::new(LoadCollector(sources.lifecycle)));
+    registry.register_collector(Box::new(BuildsCollector(sources.store)));
+    registry.register_collector(Box::new(DiskCollector(sources.dirs)));
     Router::new()
         .route("/metrics", get(scrape))
         .fallback(|| async { crate::error::ApiError::not_found("no such route; try /metrics") })
@@ -42,17 +121,86 @@ async fn scrape(State(registry): State<Arc<Registry>>) -> Response {
 /// Reads the host's load afresh at each scrape.
 struct LoadCollector(Arc<Lifecycle>);
 
-impl std::fmt::Debug for LoadCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LoadCollector")
-    }
-}
-
 impl Collector for LoadCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         encode_load(&self.0.host_load(), &mut encoder)
     }
 }
+
+/// Template builds on record, by status (old finished ones are pruned).
+struct BuildsCollector(Arc<Store>);
+
+impl Collector for BuildsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = match self.0.build_counts() {
+            Ok(counts) => counts,
+            Err(e) => {
+                tracing::warn!(error = %e, "counting template builds for /metrics failed");
+                return Ok(());
+            }
+        };
+        let samples: Vec<_> = counts
+            .iter()
+            .map(|(status, n)| ([("status", status.as_str())], *n as i64))
+            .collect();
+        family(
+            &mut encoder,
+            "airlock_template_builds",
+            "Template builds on record by status: waiting and building are under way now",
+            &samples,
+        )
+    }
+}
+
+/// Free and total space of the disks the data lives on.
+struct DiskCollector(Vec<(&'static str, PathBuf)>);
+
+impl Collector for DiskCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats: Vec<_> = self
+            .0
+            .iter()
+            .filter_map(|(name, dir)| Some((*name, nix::sys::statvfs::statvfs(dir).ok()?)))
+            .collect();
+        let free: Vec<_> = stats
+            .iter()
+            .map(|(name, s)| {
+                let bytes = s.blocks_available() * s.fragment_size();
+                ([("dir", *name)], bytes as i64)
+            })
+            .collect();
+        let total: Vec<_> = stats
+            .iter()
+            .map(|(name, s)| {
+                let bytes = s.blocks() * s.fragment_size();
+                ([("dir", *name)], bytes as i64)
+            })
+            .collect();
+        family(
+            &mut encoder,
+            "airlock_disk_available_bytes",
+            "Space left on the disk of each directory (data: sandboxes' disks and images; templates)",
+            &free,
+        )?;
+        family(
+            &mut encoder,
+            "airlock_disk_total_bytes",
+            "Size of the disk of each directory",
+            &total,
+        )
+    }
+}
+
+macro_rules! debug_as_name {
+    ($($t:ty),*) => {$(
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(stringify!($t))
+            }
+        }
+    )*};
+}
+debug_as_name!(LoadCollector, BuildsCollector, DiskCollector);
 
 fn encode_load(load: &HostLoad, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let phases: Vec<_> = load
@@ -144,6 +292,30 @@ fn encode_load(load: &HostLoad, encoder: &mut DescriptorEncoder) -> Result<(), s
             gauge(encoder, name, help, value as i64)?;
         }
     }
+    let mut goldens = encoder.encode_descriptor(
+        "airlock_golden_image_builds",
+        "Golden images made (a template's warmed-up sandbox, checkpointed) since the server started",
+        None,
+        MetricType::Counter,
+    )?;
+    for (outcome, n) in [
+        ("ok", load.golden_images_made),
+        ("failed", load.golden_images_failed),
+    ] {
+        ConstCounter::new(n).encode(goldens.encode_family(&[("outcome", outcome)])?)?;
+    }
+    let mut by_key = encoder.encode_descriptor(
+        "airlock_key_sandboxes",
+        "Sandboxes of each API key (by the id `airlock key ls` shows), by state",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (key, running, paused) in &load.per_key {
+        for (state, n) in [("running", running), ("paused", paused)] {
+            let labels = [("key", key.as_str()), ("state", state)];
+            ConstGauge::new(*n as i64).encode(by_key.encode_family(&labels)?)?;
+        }
+    }
     Ok(())
 }
 
@@ -204,6 +376,9 @@ mod tests {
             pool_memory_budget_bytes: 2048 << 20,
             memory_available_bytes: Some(20 << 30),
             memory_total_bytes: None,
+            golden_images_made: 3,
+            golden_images_failed: 1,
+            per_key: vec![("0123456789ab".into(), 2, 1)],
         };
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Fixed(load)));
@@ -224,6 +399,11 @@ mod tests {
             "airlock_pool_memory_bytes 41943040",
             "airlock_pool_memory_budget_bytes 2147483648",
             "airlock_host_memory_available_bytes 21474836480",
+            "# TYPE airlock_golden_image_builds counter",
+            "airlock_golden_image_builds_total{outcome=\"ok\"} 3",
+            "airlock_golden_image_builds_total{outcome=\"failed\"} 1",
+            "airlock_key_sandboxes{key=\"0123456789ab\",state=\"running\"} 2",
+            "airlock_key_sandboxes{key=\"0123456789ab\",state=\"paused\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

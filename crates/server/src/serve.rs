@@ -278,11 +278,13 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
     tokio::spawn(lifecycle.clone().run_freezer(stop.clone()));
+    let verbs = Arc::new(crate::operator_metrics::Verbs::default());
     let state: AppState = Arc::new(AppStateInner {
+        verbs: verbs.clone(),
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
         volumes: volumes.clone(),
-        store,
+        store: store.clone(),
         http,
         signers: proxy::Signers::default(),
         domain: opts.domain,
@@ -312,7 +314,15 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         let metrics = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("listening on {addr} (--metrics-listen)"))?;
-        let app = crate::operator_metrics::router(lifecycle.clone());
+        let app = crate::operator_metrics::router(crate::operator_metrics::Sources {
+            lifecycle: lifecycle.clone(),
+            store: store.clone(),
+            verbs,
+            dirs: vec![
+                ("data", data.root().to_owned()),
+                ("templates", data.templates().to_owned()),
+            ],
+        });
         let served =
             axum::serve(metrics, app).with_graceful_shutdown(stop.clone().cancelled_owned());
         tokio::spawn(std::future::IntoFuture::into_future(served));

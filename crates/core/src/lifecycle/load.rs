@@ -27,6 +27,11 @@ pub struct HostLoad {
     /// The host's `MemAvailable` and `MemTotal`; `None` where `/proc/meminfo` is unreadable.
     pub memory_available_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,
+    /// Golden images made, and attempts that failed, since the server started.
+    pub golden_images_made: u64,
+    pub golden_images_failed: u64,
+    /// Running and paused sandboxes of each API key (by key id), in that order.
+    pub per_key: Vec<(String, usize, usize)>,
 }
 
 /// One template's pool.
@@ -72,7 +77,28 @@ impl Lifecycle {
         phases.sort_by_key(|(p, _)| p.as_str());
         let (parked, parked_memory_bytes) = self.parked();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let (golden_images_made, golden_images_failed) = self.golden_counts();
+        let mut per_key: Vec<(String, usize, usize)> = Vec::new();
+        for record in self.list_records() {
+            let Some(owner) = record.owner.as_deref() else {
+                continue;
+            };
+            let at = match per_key.binary_search_by(|(key, ..)| key.as_str().cmp(owner)) {
+                Ok(at) => at,
+                Err(at) => {
+                    per_key.insert(at, (owner.to_owned(), 0, 0));
+                    at
+                }
+            };
+            match record.state {
+                crate::store::SandboxState::Running => per_key[at].1 += 1,
+                crate::store::SandboxState::Paused => per_key[at].2 += 1,
+            }
+        }
         HostLoad {
+            golden_images_made,
+            golden_images_failed,
+            per_key,
             phases,
             frozen,
             parked: parked.len(),

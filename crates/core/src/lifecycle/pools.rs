@@ -27,6 +27,9 @@ pub(super) struct Pools {
     /// deleted: so no image is made twice, nor deleted as stale while its template is being
     /// published.
     golden_turn: tokio::sync::Mutex<()>,
+    /// Golden images made, and attempts that failed, since the server started.
+    goldens_made: std::sync::atomic::AtomicU64,
+    goldens_failed: std::sync::atomic::AtomicU64,
 }
 
 /// A ready sandbox in its pool.
@@ -331,6 +334,32 @@ impl Lifecycle {
     /// checkpoints it as its golden image `image` (with no image, only shows that it boots).
     /// The caller holds the golden turn.
     async fn make_golden(
+        &self,
+        template: &TemplateRecord,
+        image: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        let result = self.boot_golden(template, image).await;
+        if image.is_some() {
+            let counter = match result {
+                Ok(()) => &self.pools.goldens_made,
+                Err(_) => &self.pools.goldens_failed,
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Golden images made and attempts that failed, since the server started.
+    pub(super) fn golden_counts(&self) -> (u64, u64) {
+        let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        (
+            read(&self.pools.goldens_made),
+            read(&self.pools.goldens_failed),
+        )
+    }
+
+    /// [`Lifecycle::make_golden`], uncounted.
+    async fn boot_golden(
         &self,
         template: &TemplateRecord,
         image: Option<&str>,

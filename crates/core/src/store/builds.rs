@@ -361,6 +361,25 @@ impl Store {
         Ok(())
     }
 
+    /// How many builds are on record in each status (pruned ones are not).
+    pub fn build_counts(&self) -> Result<Vec<(BuildStatus, u64)>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT status, COUNT(*) FROM template_builds GROUP BY status ORDER BY status",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+        })?;
+        let mut counts = Vec::new();
+        for row in rows {
+            let (status, n) = row?;
+            let status = BuildStatus::parse(&status)
+                .ok_or_else(|| StoreError::Corrupt(format!("build status {status:?}")))?;
+            counts.push((status, n as u64));
+        }
+        Ok(counts)
+    }
+
     /// Builds that were under way when the server stopped: they cannot go on.
     pub fn unfinished_builds(&self) -> Result<Vec<String>, StoreError> {
         let conn = self.conn();
