@@ -2,12 +2,12 @@
 # What the integration tests need beyond what Airlock needs (scripts/install-deps.sh): a real OCI
 # registry (Debian's `docker-registry`, the CNCF distribution registry) and real OCI tools to
 # make images and push them to it (`umoci`, `skopeo`), `htpasswd` (apache2-utils) for a registry
-# that needs credentials, and musl's compiler for an image with no glibc in it. Safe to run
-# again: it only installs what is missing.
+# that needs credentials, musl's compiler for an image with no glibc in it, and a headless
+# Chromium that drives the web dashboard. Safe to run again: it only installs what is missing.
 set -euo pipefail
 
 missing=()
-for pkg in docker-registry skopeo umoci musl-tools apache2-utils; do
+for pkg in docker-registry skopeo umoci musl-tools apache2-utils chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

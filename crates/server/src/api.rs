@@ -113,23 +113,29 @@ async fn require_api_key(State(state): State<AppState>, mut req: Request, next: 
         )
         .into_response();
     }
-    match state.store.api_key_id(&hash_key(key)) {
-        Ok(Some(id)) => {
-            req.extensions_mut().insert(Caller(id));
+    match caller_of_key(&state, key) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
             next.run(req).await
         }
-        Ok(None) => ApiError::new(
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The caller an API key stands for; 401 for an unknown or revoked one.
+pub(crate) fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
+    match state.store.api_key_id(&hash_key(key)) {
+        Ok(Some(id)) => Ok(Caller(id)),
+        Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "invalid API key (unknown or revoked)",
-        )
-        .into_response(),
+        )),
         Err(e) => {
             tracing::error!(error = %e, "API key lookup failed");
-            ApiError::new(
+            Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal error; see the server log",
-            )
-            .into_response()
+            ))
         }
     }
 }
@@ -276,7 +282,7 @@ fn rfc3339(unix: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
+pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
     let (template_id, alias) = template_names(&state.store, r);
     SandboxDetail {
         template_id,

@@ -6,6 +6,7 @@ pub mod api;
 pub mod auto_resume;
 pub mod builtins;
 pub mod cli;
+pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
 pub mod dockerfile_build;
@@ -38,6 +39,8 @@ pub struct AppStateInner {
     pub domain: Option<String>,
     /// The API's sandbox verbs, counted and timed for the operator's `/metrics`.
     pub verbs: Arc<operator_metrics::Verbs>,
+    /// The data dir, whose disk's headroom the dashboard shows.
+    pub data_dir: std::path::PathBuf,
 }
 
 pub type AppState = Arc<AppStateInner>;

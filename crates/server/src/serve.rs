@@ -281,6 +281,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let verbs = Arc::new(crate::operator_metrics::Verbs::default());
     let state: AppState = Arc::new(AppStateInner {
         verbs: verbs.clone(),
+        data_dir: data.root().to_owned(),
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
         volumes: volumes.clone(),
@@ -292,6 +293,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/health", get(|| async { (StatusCode::OK, "ok") }))
         .merge(api::routes(state.clone()))
+        .merge(crate::dashboard::routes(state.clone()))
         // Outside the API key: the link is its own authority (see `templates_api::upload`).
         .route("/uploads/{token}", put(crate::templates_api::upload))
         // Outside the API key too: each volume's token is checked instead.

@@ -170,7 +170,7 @@ async fn request_build(
 }
 
 /// The build `build` of the caller's template `id`, or 404.
-fn owned_build(
+pub(crate) fn owned_build(
     state: &AppState,
     caller: &Caller,
     id: &str,

@@ -1,0 +1,331 @@
+//! The web dashboard at `/dashboard/`: one page (HTML, CSS and script in `index.html`, no
+//! build step) over a small JSON API of its own under `/dashboard/api/`. It shows the key's
+//! sandboxes (template, age, timeout, CPU, memory, metadata) with kill, pause and resume, its
+//! templates and their builds with logs, and the host's headroom.
+//!
+//! A browser cannot add an `X-API-KEY` header to a page it navigates to, so the dashboard also
+//! takes the key as HTTP Basic credentials (any user name, the key as the password): without
+//! them it answers 401 with a `WWW-Authenticate` challenge, and the browser asks for them. A
+//! browser then sends those credentials with every request to the dashboard, a forged one from
+//! another site's page too; so the actions (POST) also demand the `X-Airlock-Dashboard`
+//! header, which a cross-site page can only send after a CORS preflight that this server never
+//! grants.
+
+use crate::api::{caller_of_key, detail_body, Caller};
+use crate::error::ApiError;
+use crate::AppState;
+use airlock_core::ids::TemplateName;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use base64::Engine;
+use serde::Serialize;
+use std::time::Instant;
+
+const PAGE: &str = include_str!("index.html");
+/// The header the page sends with its actions (see the module doc).
+const ACTION_HEADER: &str = "x-airlock-dashboard";
+/// Build log lines one view shows, newest last.
+const LOG_LINES: u64 = 2000;
+
+pub fn routes(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route(
+            "/dashboard",
+            get(|| async { Redirect::permanent("/dashboard/") }),
+        )
+        .route("/dashboard/", get(page))
+        .route("/dashboard/api/state", get(overview))
+        .route(
+            "/dashboard/api/sandboxes/{id}/{action}",
+            post(sandbox_action),
+        )
+        .route(
+            "/dashboard/api/templates/{id}/builds/{build}/logs",
+            get(build_logs),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
+}
+
+/// Lets through requests with the key (Basic credentials, or `X-API-KEY`), and actions only
+/// with [`ACTION_HEADER`].
+async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let Some(key) = key_of(req.headers()) else {
+        return challenge("the dashboard needs your API key: give it as the password");
+    };
+    let caller = match caller_of_key(&state, &key) {
+        Ok(caller) => caller,
+        Err(e) if e.status == StatusCode::UNAUTHORIZED => return challenge(&e.message),
+        Err(e) => return e.into_response(),
+    };
+    if req.method() != Method::GET && !req.headers().contains_key(ACTION_HEADER) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "dashboard actions must come from the dashboard page (the {ACTION_HEADER} header)"
+            ),
+        )
+        .into_response();
+    }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// The key from `Authorization: Basic` (its password) or `X-API-KEY`.
+fn key_of(headers: &HeaderMap) -> Option<String> {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(key.to_owned()).filter(|k| !k.is_empty());
+    }
+    let basic = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(basic.trim())
+        .ok()?;
+    let (_user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
+    Some(password.to_owned()).filter(|k| !k.is_empty())
+}
+
+fn challenge(message: &str) -> Response {
+    let mut answer = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
+    answer.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Basic realm=\"Airlock dashboard\", charset=\"UTF-8\""),
+    );
+    answer
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Everything it needs is in the page itself, and it talks to this server alone.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            ),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+#[derive(Serialize)]
+struct Overview {
+    /// The key's id, as `airlock key ls` shows it.
+    key: String,
+    host: Headroom,
+    sandboxes: Vec<SandboxRow>,
+    templates: Vec<TemplateRow>,
+}
+
+/// How much room the host has left.
+#[derive(Serialize)]
+struct Headroom {
+    sandboxes_running: usize,
+    sandboxes_max: usize,
+    memory_available_bytes: Option<u64>,
+    memory_total_bytes: Option<u64>,
+    disk_available_bytes: Option<u64>,
+    disk_total_bytes: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct SandboxRow {
+    #[serde(flatten)]
+    detail: airlock_wire::api::SandboxDetail,
+    /// Share of its CPUs in use (0-100) and memory in use, at the last sample (every 5 s).
+    cpu_used_pct: Option<f64>,
+    mem_used_bytes: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct TemplateRow {
+    /// What sandboxes are created from.
+    name: String,
+    /// The template's id for its builds' logs; `None` for a built-in.
+    id: Option<String>,
+    builds: Vec<BuildRow>,
+}
+
+#[derive(Serialize)]
+struct BuildRow {
+    id: String,
+    status: &'static str,
+    created_at: i64,
+    finished_at: Option<i64>,
+    /// Why it failed, and at which step.
+    failure: Option<String>,
+}
+
+async fn overview(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Overview>, ApiError> {
+    let load = state.lifecycle.host_load();
+    let sandboxes: Vec<SandboxRow> = state
+        .lifecycle
+        .list_records()
+        .iter()
+        .rev()
+        .filter(|r| caller.sees(&r.owner))
+        .map(|r| {
+            let sample = state.lifecycle.latest_metrics(&r.id);
+            SandboxRow {
+                detail: detail_body(&state, r, false),
+                cpu_used_pct: sample.as_ref().map(|s| s.cpu_used_pct),
+                mem_used_bytes: sample.map(|s| s.mem_used),
+            }
+        })
+        .collect();
+    let disk = nix::sys::statvfs::statvfs(state.data_dir.as_path()).ok();
+    let host = Headroom {
+        sandboxes_running: load
+            .phases
+            .iter()
+            .filter(|(phase, _)| phase.occupies())
+            .map(|(_, n)| n)
+            .sum(),
+        sandboxes_max: load.max_sandboxes,
+        memory_available_bytes: load.memory_available_bytes,
+        memory_total_bytes: load.memory_total_bytes,
+        disk_available_bytes: disk.map(|d| d.blocks_available() * d.fragment_size()),
+        disk_total_bytes: disk.map(|d| d.blocks() * d.fragment_size()),
+    };
+    Ok(Json(Overview {
+        key: caller.0.clone(),
+        host,
+        sandboxes,
+        templates: templates(&state, &caller)?,
+    }))
+}
+
+/// The built-ins, then the key's own templates (newest first), each with its builds.
+fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>, ApiError> {
+    let mut rows = Vec::new();
+    for name in airlock_core::template::KNOWN_TEMPLATES {
+        let built = TemplateName::parse(name)
+            .ok()
+            .map(|n| state.store.template(&n))
+            .transpose()?
+            .flatten();
+        rows.push(TemplateRow {
+            name: (*name).to_owned(),
+            id: None,
+            builds: built
+                .map(|t| BuildRow {
+                    id: t.content_hash.chars().take(12).collect(),
+                    status: "ready",
+                    created_at: t.built_at,
+                    finished_at: Some(t.built_at),
+                    failure: None,
+                })
+                .into_iter()
+                .collect(),
+        });
+    }
+    let mut own: Vec<_> = state
+        .store
+        .user_templates()?
+        .into_iter()
+        .filter(|t| t.owner == caller.0)
+        .collect();
+    own.sort_by_key(|t| std::cmp::Reverse(t.created_at));
+    for t in own {
+        let builds = state.store.builds_of(&t.id)?;
+        rows.push(TemplateRow {
+            name: t.alias.to_string(),
+            id: Some(t.id.to_string()),
+            builds: builds
+                .into_iter()
+                .map(|b| BuildRow {
+                    status: b.status.as_str(),
+                    created_at: b.created_at,
+                    finished_at: b.finished_at,
+                    failure: b.failure.map(|(why, step)| match step {
+                        Some(step) => format!("step {step}: {why}"),
+                        None => why,
+                    }),
+                    id: b.id,
+                })
+                .collect(),
+        });
+    }
+    Ok(rows)
+}
+
+async fn sandbox_action(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, action)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let record = state
+        .lifecycle
+        .record(&id)
+        .ok()
+        .filter(|r| caller.sees(&r.owner))
+        .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))?;
+    let id = record.id.as_str();
+    let started = Instant::now();
+    let (verb, result) = match action.as_str() {
+        "kill" => ("kill", state.lifecycle.kill(id).await),
+        "pause" => (
+            "pause",
+            state
+                .lifecycle
+                .pause(id, airlock_core::store::PauseMode::Full, false)
+                .await,
+        ),
+        "resume" => (
+            "resume",
+            state
+                .lifecycle
+                .resume(id, None, airlock_core::store::PauseMode::Full)
+                .await
+                .map(|_| ()),
+        ),
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no action '{other}': kill, pause or resume"
+            )))
+        }
+    };
+    let result = result.map_err(ApiError::from);
+    state.verbs.observe(verb, started, &result);
+    result.map(|()| StatusCode::NO_CONTENT)
+}
+
+#[derive(Serialize)]
+struct LogLine {
+    at_ms: i64,
+    level: &'static str,
+    step: Option<String>,
+    message: String,
+}
+
+async fn build_logs(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, build)): Path<(String, String)>,
+) -> Result<Json<Vec<LogLine>>, ApiError> {
+    let (_, record) = crate::templates_api::owned_build(&state, &caller, &id, &build)?;
+    let lines = state.store.build_logs(&record.id, 0, LOG_LINES)?;
+    Ok(Json(
+        lines
+            .into_iter()
+            .map(|e| LogLine {
+                at_ms: e.at_ms,
+                level: e.level.as_str(),
+                step: e.step,
+                message: e.message,
+            })
+            .collect(),
+    ))
+}
