@@ -62,6 +62,17 @@ def test_template_ls_shows_base(server):
     assert out.returncode == 0
     rows = [line.split() for line in out.stdout.splitlines()[1:]]
     assert any(row[0] == "base" for row in rows)
+    listed = json.loads(cli(server, "--data-dir", str(server.data_dir), "template", "ls", "--json").stdout)
+    assert {"base", "code-interpreter-v1"} <= {t["name"] for t in listed}
+    assert all(set(t) == {"name", "hash", "size", "built"} for t in listed)
+
+
+def test_key_ls_json(server):
+    import hashlib
+
+    keys = json.loads(cli(server, "--data-dir", str(server.data_dir), "key", "ls", "--json").stdout)
+    mine = hashlib.sha256(API_KEY.encode()).hexdigest()[:12]
+    assert [k for k in keys if k["id"] == mine][0]["revoked"] == "-"
 
 
 def test_create_info_ls_filters_pause_resume_snapshot_and_kill(server):

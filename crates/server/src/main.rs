@@ -396,10 +396,14 @@ async fn run(cli: Cli) -> ExitCode {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Template(cmd) => match cmd.into_dockerfile_build() {
-            Some(build) => airlock_server::dockerfile_build::run(client(), build).await,
-            None => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
-                .and_then(|data| cli::template_ls(&data)),
+        Command::Template(cmd) => match cmd.into_job() {
+            cli::TemplateJob::Build(build) => {
+                airlock_server::dockerfile_build::run(client(), build).await
+            }
+            cli::TemplateJob::List { json } => {
+                data_dir(&cli.data_dir, cli.templates_dir.as_deref())
+                    .and_then(|data| cli::template_ls(&data, json))
+            }
         },
         Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
             .and_then(|data| cli::key(cmd, &data)),

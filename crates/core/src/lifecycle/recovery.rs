@@ -4,11 +4,16 @@
 
 use super::sandbox::{Phase, Sandbox};
 use super::{paused_image, Lifecycle, LifecycleError, PAUSED_PREFIX, SNAPSHOT_PREFIX};
+use crate::driver::Placement;
 use crate::egress::Egress;
 use crate::ids::SandboxId;
 use crate::store::{SandboxState, Store, StoreError};
+use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::Duration;
+
+/// Sandboxes whose runtime and agent are checked at once after a restart.
+const ADOPTIONS_AT_ONCE: usize = 8;
 
 #[derive(Debug, Default)]
 pub struct RecoveryReport {
@@ -34,9 +39,9 @@ impl Lifecycle {
     /// no record names.
     pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
         let mut report = RecoveryReport::default();
-        let mut keep = Vec::new();
+        let mut running = Vec::new();
         for record in self.store.sandboxes()? {
-            let slot = match (record.state, record.slot) {
+            match (record.state, record.slot) {
                 (SandboxState::Paused, _) => {
                     if self.driver.has_image(&paused_image(&record.id)) {
                         report.paused.push(record.id.clone());
@@ -47,25 +52,25 @@ impl Lifecycle {
                         self.store.delete_sandbox(&record.id)?;
                         report.removed.push(record.id);
                     }
-                    continue;
                 }
-                (SandboxState::Running, Some(slot)) => slot,
+                (SandboxState::Running, Some(slot)) => running.push((record, slot)),
                 (SandboxState::Running, None) => {
                     self.store.delete_sandbox(&record.id)?;
                     report.removed.push(record.id);
-                    continue;
                 }
-            };
-            // Its policy has been in force since the driver started (`adoptable_policies`).
-            let placement = match self.driver.adopt(&record.id, slot).await {
-                Some(placement) => self
-                    .agent
-                    .wait_ready(placement.agent, Duration::from_secs(2))
-                    .await
-                    .ok()
-                    .map(|()| placement),
-                None => None,
-            };
+            }
+        }
+        // Each check waits on runsc and then the agent, mostly idle: several at once.
+        let checked: Vec<_> = futures::stream::iter(running)
+            .map(|(record, slot)| async move {
+                let placement = self.reach(&record.id, slot).await;
+                (record, slot, placement)
+            })
+            .buffer_unordered(ADOPTIONS_AT_ONCE)
+            .collect()
+            .await;
+        let mut keep = Vec::new();
+        for (record, slot, placement) in checked {
             // One whose timeout passed while no server ran is adopted all the same: the reaper
             // then does what its timeout asks (a pause, say), as if the server had run.
             if let Some(placement) = placement {
@@ -87,6 +92,17 @@ impl Lifecycle {
             tracing::warn!(error = %e, "removing images no record names failed");
         }
         Ok(report)
+    }
+
+    /// Where a recorded running sandbox runs, if its runtime runs and its agent answers. Its
+    /// policy has been in force since the driver started (`adoptable_policies`).
+    async fn reach(&self, id: &SandboxId, slot: u32) -> Option<Placement> {
+        let placement = self.driver.adopt(id, slot).await?;
+        self.agent
+            .wait_ready(placement.agent, Duration::from_secs(2))
+            .await
+            .ok()
+            .map(|()| placement)
     }
 
     /// Deletes paused and snapshot images that no record names (a crash between writing an

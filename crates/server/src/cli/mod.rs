@@ -23,7 +23,11 @@ use std::process::ExitCode;
 #[derive(Subcommand)]
 pub enum TemplateCommand {
     /// List built templates (the built-ins, and every key's templates as NAME:TAG).
-    Ls,
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Build a template.
     ///
     /// `airlock template build -f Dockerfile -n NAME [CONTEXT]` builds a Dockerfile on the
@@ -65,10 +69,15 @@ pub enum TemplateCommand {
     },
 }
 
+/// What a `template` command does: a Dockerfile build goes to the server, a listing reads the
+/// data dir.
+pub enum TemplateJob {
+    Build(DockerfileBuild),
+    List { json: bool },
+}
+
 impl TemplateCommand {
-    /// A Dockerfile build (which goes to the server); `None` for `ls` (which reads the data
-    /// dir).
-    pub fn into_dockerfile_build(self) -> Option<DockerfileBuild> {
+    pub fn into_job(self) -> TemplateJob {
         match self {
             TemplateCommand::Build {
                 context,
@@ -79,7 +88,7 @@ impl TemplateCommand {
                 ready_cmd,
                 no_cache,
                 build_args,
-            } => Some(DockerfileBuild {
+            } => TemplateJob::Build(DockerfileBuild {
                 build_args: build_args.into_iter().collect(),
                 dockerfile,
                 name,
@@ -89,7 +98,7 @@ impl TemplateCommand {
                 ready_cmd,
                 no_cache,
             }),
-            TemplateCommand::Ls => None,
+            TemplateCommand::Ls { json } => TemplateJob::List { json },
         }
     }
 }
@@ -142,7 +151,11 @@ pub enum KeyCommand {
         max_snapshot_mb: Option<u64>,
     },
     /// List API keys: id (the first 12 hex digits of the key's SHA-256), name, dates.
-    Ls,
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Revoke a key by its id: requests made with it get 401 from then on. Its sandboxes keep
     /// running until their timeout.
     Revoke { id: String },
@@ -265,6 +278,25 @@ impl Client {
     }
 }
 
+/// Prints rows as a table, or with `json` as a JSON array of objects keyed by the header's
+/// names in lower case.
+fn print_rows<const N: usize>(json: bool, header: &[&str; N], rows: &[[String; N]]) {
+    if !json {
+        return print_table(header, rows);
+    }
+    let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
+        .iter()
+        .map(|row| {
+            header
+                .iter()
+                .zip(row)
+                .map(|(name, cell)| (name.to_ascii_lowercase(), cell.as_str().into()))
+                .collect()
+        })
+        .collect();
+    println!("{}", serde_json::Value::from(objects));
+}
+
 /// Prints rows under a header, in columns as wide as their widest cell.
 fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     let mut widths = header.map(str::len);
@@ -289,7 +321,7 @@ fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
 
 /// `airlock template ls`: the built templates in the data dir's database that a name reaches:
 /// the built-ins, and each tagged build of a user template as `name:tag` (every key's).
-pub fn template_ls(data: &DataDir) -> Result<ExitCode, CliError> {
+pub fn template_ls(data: &DataDir, json: bool) -> Result<ExitCode, CliError> {
     let store = open_store(data)?;
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
     let mut rows: Vec<[String; 4]> = Vec::new();
@@ -317,7 +349,7 @@ pub fn template_ls(data: &DataDir) -> Result<ExitCode, CliError> {
             rfc3339(t.built_at),
         ]);
     }
-    print_table(&["NAME", "HASH", "SIZE", "BUILT"], &rows);
+    print_rows(json, &["NAME", "HASH", "SIZE", "BUILT"], &rows);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -356,7 +388,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
                 airlock_core::store::key_id(&hash)
             );
         }
-        KeyCommand::Ls => {
+        KeyCommand::Ls { json } => {
             let rows: Vec<[String; 5]> = store
                 .api_keys()
                 .map_err(failed)?
@@ -371,7 +403,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
                     ]
                 })
                 .collect();
-            print_table(&["ID", "NAME", "CREATED", "LIMITS", "REVOKED"], &rows);
+            print_rows(json, &["ID", "NAME", "CREATED", "LIMITS", "REVOKED"], &rows);
         }
         KeyCommand::Revoke { id } => {
             if !store.revoke_api_key(&id, now).map_err(failed)? {
