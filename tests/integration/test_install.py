@@ -13,7 +13,7 @@ from conftest import AIRLOCK
 
 def install(tmp_path, *flags):
     return subprocess.run(
-        [str(AIRLOCK), "--data-dir", str(tmp_path / "data"), "install",
+        [str(AIRLOCK), "--data-dir", str(tmp_path / "my data"), "install",
          "--unit-dir", str(tmp_path / "units"), "--no-start", *flags],
         capture_output=True, text=True, timeout=60,
         env={k: v for k, v in os.environ.items() if k != "AIRLOCK_TEMPLATES_DIR"})
@@ -22,9 +22,9 @@ def install(tmp_path, *flags):
 def test_install_writes_a_unit_a_key_and_says_how_to_see_logs(tmp_path):
     done = install(tmp_path, "--listen", "127.0.0.1:3111", "--metrics-listen", "127.0.0.1:9464")
     assert done.returncode == 0, done.stderr
-    key = (tmp_path / "data" / "api-key").read_text().strip()
+    key = (tmp_path / "my data" / "api-key").read_text().strip()
     assert key.startswith("e2b_") and key in done.stdout
-    assert oct((tmp_path / "data" / "api-key").stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "my data" / "api-key").stat().st_mode & 0o777) == "0o600"
     assert "journalctl -u airlock" in done.stdout
 
     unit = (tmp_path / "units" / "airlock.service").read_text()
@@ -33,7 +33,8 @@ def test_install_writes_a_unit_a_key_and_says_how_to_see_logs(tmp_path):
     assert lines["WantedBy"] == "multi-user.target"
     exec_start = shlex.split(lines["ExecStart"])
     assert exec_start[0] == str(AIRLOCK.resolve())
-    assert exec_start[1:] == ["--data-dir", str((tmp_path / "data").resolve()), "serve",
+    # A data dir with a space in its name stays one word.
+    assert exec_start[1:] == ["--data-dir", str((tmp_path / "my data").resolve()), "serve",
                               "--listen", "127.0.0.1:3111", "--metrics-listen", "127.0.0.1:9464"]
     parsed = subprocess.run([*exec_start, "--help"], capture_output=True, text=True)
     assert parsed.returncode == 0, parsed.stderr
@@ -45,7 +46,7 @@ def test_install_writes_a_unit_a_key_and_says_how_to_see_logs(tmp_path):
 
     again = install(tmp_path)
     assert again.returncode == 0 and "as before" in again.stdout
-    assert (tmp_path / "data" / "api-key").read_text().strip() == key, "the key is kept"
+    assert (tmp_path / "my data" / "api-key").read_text().strip() == key, "the key is kept"
 
 
 @pytest.mark.parametrize("missing", ["airlock-agent"])
@@ -53,7 +54,7 @@ def test_install_refuses_a_binary_without_its_companions(tmp_path, missing):
     lone = tmp_path / "bin"
     lone.mkdir()
     shutil.copy(AIRLOCK, lone / "airlock")
-    out = subprocess.run([str(lone / "airlock"), "--data-dir", str(tmp_path / "data"), "install",
+    out = subprocess.run([str(lone / "airlock"), "--data-dir", str(tmp_path / "my data"), "install",
                           "--unit-dir", str(tmp_path / "units"), "--no-start"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and missing in out.stderr and "prepare.sh" in out.stderr

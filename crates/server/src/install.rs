@@ -84,9 +84,13 @@ fn unit_file(
     templates_dir: Option<&Path>,
     opts: &InstallOptions,
 ) -> String {
-    let mut exec = format!("{} --data-dir {}", binary.display(), data.root().display());
+    let mut exec = format!(
+        "{} --data-dir {}",
+        unit_word(binary),
+        unit_word(data.root())
+    );
     if let Some(dir) = templates_dir {
-        exec.push_str(&format!(" --templates-dir {}", dir.display()));
+        exec.push_str(&format!(" --templates-dir {}", unit_word(dir)));
     }
     exec.push_str(&format!(" serve --listen {}", opts.listen));
     if let Some(addr) = opts.metrics_listen {
@@ -114,4 +118,30 @@ fn unit_file(
          [Install]\n\
          WantedBy=multi-user.target\n"
     )
+}
+
+/// A path as one word of a unit's command line: double-quoted if it has anything but plain
+/// characters, with systemd's `%` specifiers and `$` variables escaped.
+fn unit_word(path: &Path) -> String {
+    let escaped = path.to_string_lossy().replace('%', "%%").replace('$', "$$");
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@,%$".contains(c);
+    if escaped.chars().all(plain) {
+        return escaped;
+    }
+    format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unit_word;
+    use std::path::Path;
+
+    #[test]
+    fn paths_become_one_word_of_a_units_command_line() {
+        assert_eq!(unit_word(Path::new("/var/lib/airlock")), "/var/lib/airlock");
+        assert_eq!(unit_word(Path::new("/srv/my data")), "\"/srv/my data\"");
+        assert_eq!(unit_word(Path::new("/srv/a\"b")), "\"/srv/a\\\"b\"");
+        assert_eq!(unit_word(Path::new("/srv/100%")), "/srv/100%%");
+        assert_eq!(unit_word(Path::new("/srv/$HOME")), "/srv/$$HOME");
+    }
 }
