@@ -24,7 +24,7 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Most forks one call may ask for (E2B's limit).
 const MAX_FORKS: usize = 20;
@@ -164,10 +164,8 @@ async fn create(
     body: NewSandbox,
     secure: bool,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let result = start_sandbox(state, caller, body, secure).await;
-    state.verbs.observe("create", started, &result);
-    result
+    let created = start_sandbox(state, caller, body, secure);
+    state.verbs.timed("create", created).await
 }
 
 async fn start_sandbox(
@@ -348,10 +346,8 @@ async fn kill(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
-    let started = Instant::now();
-    let result = state.lifecycle.kill(&id).await.map_err(ApiError::from);
-    state.verbs.observe("kill", started, &result);
-    result.map(|()| StatusCode::NO_CONTENT)
+    state.verbs.timed("kill", state.lifecycle.kill(&id)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The outbound policy that a create's or an update's network settings ask for.
@@ -409,18 +405,9 @@ async fn connect(
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let result = state
-        .lifecycle
-        .connect(
-            &id,
-            body.timeout.map(Duration::from_secs),
-            resume_mode(&body),
-        )
-        .await
-        .map_err(ApiError::from);
-    state.verbs.observe("connect", started, &result);
-    let (sandbox, resumed) = result?;
+    let timeout = body.timeout.map(Duration::from_secs);
+    let connected = state.lifecycle.connect(&id, timeout, resume_mode(&body));
+    let (sandbox, resumed) = state.verbs.timed("connect", connected).await?;
     let status = if resumed {
         StatusCode::CREATED
     } else {
@@ -441,11 +428,9 @@ async fn pause(
         _ => PauseMode::Full,
     };
     let healthy_guest = body.require_healthy_guest.unwrap_or(false);
-    let started = Instant::now();
-    let result = state.lifecycle.pause(&id, mode, healthy_guest).await;
-    let result = result.map_err(ApiError::from);
-    state.verbs.observe("pause", started, &result);
-    result.map(|()| StatusCode::NO_CONTENT)
+    let paused = state.lifecycle.pause(&id, mode, healthy_guest);
+    state.verbs.timed("pause", paused).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn resume(
@@ -453,18 +438,9 @@ async fn resume(
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let result = state
-        .lifecycle
-        .resume(
-            &id,
-            body.timeout.map(Duration::from_secs),
-            resume_mode(&body),
-        )
-        .await
-        .map_err(ApiError::from);
-    state.verbs.observe("resume", started, &result);
-    let sandbox = result?;
+    let timeout = body.timeout.map(Duration::from_secs);
+    let resumed = state.lifecycle.resume(&id, timeout, resume_mode(&body));
+    let sandbox = state.verbs.timed("resume", resumed).await?;
     Ok((
         StatusCode::CREATED,
         Json(sandbox_body(&state, &sandbox.record())),
@@ -484,11 +460,8 @@ async fn create_snapshot(
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<SnapshotRequest>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let result = state.lifecycle.snapshot(&id, body.name.as_deref()).await;
-    let result = result.map_err(ApiError::from);
-    state.verbs.observe("snapshot", started, &result);
-    let snapshot = result?;
+    let saved = state.lifecycle.snapshot(&id, body.name.as_deref());
+    let snapshot = state.verbs.timed("snapshot", saved).await?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
 }
 

@@ -25,15 +25,9 @@ pub fn install(opts: InstallOptions) -> anyhow::Result<()> {
     let binary = std::env::current_exe()
         .and_then(std::fs::canonicalize)
         .context("locating the airlock binary")?;
+    // The service runs the ones beside this binary: they must be there.
     for companion in ["airlock-agent", "airlock-netd"] {
-        let path = binary.with_file_name(companion);
-        anyhow::ensure!(
-            path.is_file(),
-            "{} is missing: the service runs the binaries next to {} (build them with \
-             scripts/prepare.sh)",
-            path.display(),
-            binary.display()
-        );
+        crate::serve::find_binary(companion, None)?;
     }
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Store::open(&data.db()).context("opening the state database")?;

@@ -69,9 +69,15 @@ impl Default for Verbs {
 }
 
 impl Verbs {
-    /// Counts a call of `verb` that began at `started` and ended with `result`.
-    pub fn observe<T>(&self, verb: &'static str, started: Instant, result: &Result<T, ApiError>) {
-        let outcome = match result {
+    /// Runs one call of `verb`, counting how it ended and timing it.
+    pub async fn timed<T, E: Into<ApiError>>(
+        &self,
+        verb: &'static str,
+        call: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, ApiError> {
+        let started = Instant::now();
+        let result = call.await.map_err(Into::into);
+        let outcome = match &result {
             Ok(_) => "ok",
             Err(e) if e.status.is_client_error() => "refused",
             Err(_) => "failed",
@@ -82,6 +88,7 @@ impl Verbs {
         self.seconds
             .get_or_create(&Verb { verb })
             .observe(started.elapsed().as_secs_f64());
+        result
     }
 }
 
@@ -152,30 +159,34 @@ impl Collector for BuildsCollector {
     }
 }
 
+/// Space on the disk a directory is on, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskSpace {
+    pub available: u64,
+    pub total: u64,
+}
+
+/// The disk space of `dir`'s file system; `None` if it cannot be read.
+pub fn disk_space(dir: &std::path::Path) -> Option<DiskSpace> {
+    let stat = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(DiskSpace {
+        available: stat.blocks_available() * stat.fragment_size(),
+        total: stat.blocks() * stat.fragment_size(),
+    })
+}
+
 /// Free and total space of the disks the data lives on.
 struct DiskCollector(Vec<(&'static str, PathBuf)>);
 
 impl Collector for DiskCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats: Vec<_> = self
-            .0
-            .iter()
-            .filter_map(|(name, dir)| Some((*name, nix::sys::statvfs::statvfs(dir).ok()?)))
-            .collect();
-        let free: Vec<_> = stats
-            .iter()
-            .map(|(name, s)| {
-                let bytes = s.blocks_available() * s.fragment_size();
-                ([("dir", *name)], bytes as i64)
-            })
-            .collect();
-        let total: Vec<_> = stats
-            .iter()
-            .map(|(name, s)| {
-                let bytes = s.blocks() * s.fragment_size();
-                ([("dir", *name)], bytes as i64)
-            })
-            .collect();
+        let (mut free, mut total) = (Vec::new(), Vec::new());
+        for (name, dir) in &self.0 {
+            if let Some(space) = disk_space(dir) {
+                free.push(([("dir", *name)], space.available as i64));
+                total.push(([("dir", *name)], space.total as i64));
+            }
+        }
         family(
             &mut encoder,
             "airlock_disk_available_bytes",

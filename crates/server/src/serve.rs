@@ -50,7 +50,7 @@ pub struct ServeOptions {
 }
 
 /// `name` (`airlock-agent`, `airlock-netd`) is shipped next to the `airlock` binary.
-fn find_binary(name: &str, explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn find_binary(name: &str, explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let path = match explicit {
         Some(p) => p,
         None => std::env::current_exe()

@@ -78,27 +78,24 @@ impl Lifecycle {
         let (parked, parked_memory_bytes) = self.parked();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let (golden_images_made, golden_images_failed) = self.golden_counts();
-        let mut per_key: Vec<(String, usize, usize)> = Vec::new();
+        let mut per_key: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
         for record in self.list_records() {
-            let Some(owner) = record.owner.as_deref() else {
+            let Some(owner) = &record.owner else {
                 continue;
             };
-            let at = match per_key.binary_search_by(|(key, ..)| key.as_str().cmp(owner)) {
-                Ok(at) => at,
-                Err(at) => {
-                    per_key.insert(at, (owner.to_owned(), 0, 0));
-                    at
-                }
-            };
+            let (running, paused) = per_key.entry(owner.clone()).or_default();
             match record.state {
-                crate::store::SandboxState::Running => per_key[at].1 += 1,
-                crate::store::SandboxState::Paused => per_key[at].2 += 1,
+                crate::store::SandboxState::Running => *running += 1,
+                crate::store::SandboxState::Paused => *paused += 1,
             }
         }
         HostLoad {
             golden_images_made,
             golden_images_failed,
-            per_key,
+            per_key: per_key
+                .into_iter()
+                .map(|(key, (running, paused))| (key, running, paused))
+                .collect(),
             phases,
             frozen,
             parked: parked.len(),

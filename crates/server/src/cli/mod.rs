@@ -111,6 +111,11 @@ fn parse_pair(arg: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A server's JSON answer.
+fn parse<'a, T: serde::Deserialize<'a>>(answer: &'a [u8]) -> Result<T, CliError> {
+    serde_json::from_slice(answer).map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))
+}
+
 /// `text` percent-encoded for a URL's query.
 fn percent_encode(text: &str) -> String {
     text.bytes()
@@ -272,9 +277,7 @@ impl Client {
     /// The token the sandbox's agent asks for, if it asks for one.
     async fn access_token(&self, id: &str) -> Result<Option<String>, CliError> {
         let answer = self.call("GET", &format!("/sandboxes/{id}")).await?;
-        let detail: SandboxDetail = serde_json::from_slice(&answer)
-            .map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))?;
-        Ok(detail.envd_access_token)
+        Ok(parse::<SandboxDetail>(&answer)?.envd_access_token)
     }
 }
 

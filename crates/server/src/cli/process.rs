@@ -111,7 +111,7 @@ pub async fn shell(client: &Client, id: &str, user: &str) -> Result<ExitCode, Cl
 /// How unary `process.Process` calls reach one sandbox's agent.
 #[derive(Clone)]
 struct Rpc {
-    client: std::sync::Arc<Client>,
+    client: Client,
     id: String,
     user: String,
     token: Option<String>,
@@ -170,7 +170,7 @@ impl Process {
     ) -> Result<Process, CliError> {
         let rpc = Rpc {
             token: client.access_token(id).await?,
-            client: std::sync::Arc::new(client.clone()),
+            client: client.clone(),
             id: id.to_owned(),
             user: user.to_owned(),
         };

@@ -31,16 +31,9 @@ pub async fn run(client: Client, opts: RunOptions) -> Result<ExitCode, CliError>
         std::fs::read_to_string(&opts.source)
             .map_err(|e| CliError::Failed(format!("reading {}: {e}", opts.source)))?
     };
-    let created: airlock_wire::api::Sandbox = serde_json::from_slice(
-        &client
-            .call_json(
-                "POST",
-                "/v2/sandboxes",
-                &serde_json::json!({"templateID": opts.template, "timeout": opts.timeout_secs + 60}),
-            )
-            .await?,
-    )
-    .map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))?;
+    let body = serde_json::json!({"templateID": opts.template, "timeout": opts.timeout_secs + 60});
+    let answer = client.call_json("POST", "/v2/sandboxes", &body).await?;
+    let created: airlock_wire::api::Sandbox = super::parse(&answer)?;
     let id = created.sandbox_id.clone();
     let outcome = execute(&client, &created, &code, &opts).await;
     if let Err(e) = client.call("DELETE", &format!("/sandboxes/{id}")).await {

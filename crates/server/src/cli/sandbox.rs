@@ -1,7 +1,7 @@
 //! `airlock sandbox …`: the sandbox verbs, each one call to the running server's API (the same
 //! calls the SDK makes), so they see what the key sees.
 
-use super::{parse_pair, percent_encode, print_table, CliError, Client};
+use super::{parse, parse_pair, percent_encode, print_table, CliError, Client};
 use airlock_wire::api::{SandboxDetail, SandboxLogsV2, SnapshotInfo};
 use clap::Subcommand;
 use std::collections::BTreeMap;
@@ -147,9 +147,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
             };
             let mut query = vec![("state", states)];
             if !metadata.is_empty() {
-                let filter: Vec<(String, String)> = metadata;
-                let encoded = url_encode_pairs(&filter);
-                query.push(("metadata", encoded));
+                query.push(("metadata", url_encode_pairs(&metadata)));
             }
             let path = format!("/v2/sandboxes?{}", url_encode_pairs(&query));
             let answer = client.call("GET", &path).await?;
@@ -228,10 +226,6 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
             .map(|what| println!("{what}"))?,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn parse<'a, T: serde::Deserialize<'a>>(answer: &'a [u8]) -> Result<T, CliError> {
-    serde_json::from_slice(answer).map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))
 }
 
 /// The server's answer as it came (`--json`), or what `human` prints.

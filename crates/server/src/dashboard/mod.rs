@@ -23,7 +23,6 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use base64::Engine;
 use serde::Serialize;
-use std::time::Instant;
 
 const PAGE: &str = include_str!("index.html");
 /// The header the page sends with its actions (see the module doc).
@@ -185,7 +184,7 @@ async fn overview(
             }
         })
         .collect();
-    let disk = nix::sys::statvfs::statvfs(state.data_dir.as_path()).ok();
+    let disk = crate::operator_metrics::disk_space(&state.data_dir);
     let host = Headroom {
         sandboxes_running: load
             .phases
@@ -196,8 +195,8 @@ async fn overview(
         sandboxes_max: load.max_sandboxes,
         memory_available_bytes: load.memory_available_bytes,
         memory_total_bytes: load.memory_total_bytes,
-        disk_available_bytes: disk.map(|d| d.blocks_available() * d.fragment_size()),
-        disk_total_bytes: disk.map(|d| d.blocks() * d.fragment_size()),
+        disk_available_bytes: disk.map(|d| d.available),
+        disk_total_bytes: disk.map(|d| d.total),
     };
     Ok(Json(Overview {
         key: caller.0.clone(),
@@ -272,34 +271,27 @@ async fn sandbox_action(
         .ok()
         .filter(|r| caller.sees(&r.owner))
         .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))?;
-    let id = record.id.as_str();
-    let started = Instant::now();
-    let (verb, result) = match action.as_str() {
-        "kill" => ("kill", state.lifecycle.kill(id).await),
-        "pause" => (
-            "pause",
-            state
-                .lifecycle
-                .pause(id, airlock_core::store::PauseMode::Full, false)
-                .await,
-        ),
-        "resume" => (
-            "resume",
-            state
-                .lifecycle
-                .resume(id, None, airlock_core::store::PauseMode::Full)
-                .await
-                .map(|_| ()),
+    let (id, lifecycle, verbs) = (record.id.as_str(), &state.lifecycle, &state.verbs);
+    let full = airlock_core::store::PauseMode::Full;
+    match action.as_str() {
+        "kill" => verbs.timed("kill", lifecycle.kill(id)).await?,
+        "pause" => {
+            verbs
+                .timed("pause", lifecycle.pause(id, full, false))
+                .await?
+        }
+        "resume" => drop(
+            verbs
+                .timed("resume", lifecycle.resume(id, None, full))
+                .await?,
         ),
         other => {
             return Err(ApiError::not_found(format!(
                 "no action '{other}': kill, pause or resume"
             )))
         }
-    };
-    let result = result.map_err(ApiError::from);
-    state.verbs.observe(verb, started, &result);
-    result.map(|()| StatusCode::NO_CONTENT)
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Serialize)]
