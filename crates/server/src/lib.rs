@@ -14,6 +14,7 @@ pub mod error;
 pub mod install;
 pub mod listen;
 pub mod logs_api;
+pub mod mcp;
 pub mod metrics_api;
 pub mod operator_metrics;
 pub mod proxy;

@@ -249,6 +249,23 @@ enum Command {
     /// Print a completion script for your shell, e.g.
     /// `airlock completions bash > /etc/bash_completion.d/airlock`.
     Completions { shell: clap_complete::Shell },
+    /// Serve MCP (the Model Context Protocol) on stdin and stdout, so that Claude Desktop, an
+    /// IDE agent or any MCP client can run code in sandboxes of the server at --url, with
+    /// --api-key. Tools: run_code, run_command, read_file, write_file, list_files, upload,
+    /// download, create_sandbox, kill_sandbox. Calls without a sandbox id share one sandbox
+    /// per session, started on first use and killed when the client disconnects. For a client
+    /// elsewhere on the network, `airlock serve` answers MCP over HTTP at /mcp.
+    Mcp {
+        /// The template the session's sandbox starts from.
+        #[arg(long, default_value = "code-interpreter-v1")]
+        template: String,
+        /// Seconds the session's sandbox lives after its last call.
+        #[arg(long, default_value_t = airlock_server::mcp::DEFAULT_SANDBOX_TIMEOUT.as_secs())]
+        sandbox_timeout: u64,
+        /// Print the tools' names, descriptions and JSON schemas, and exit.
+        #[arg(long)]
+        print_tools: bool,
+    },
 }
 
 /// A host name, with a port if need be (`localhost:3000`, `sandbox.example.com`).
@@ -386,6 +403,17 @@ async fn run(cli: Cli) -> ExitCode {
         })
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
+        Command::Mcp {
+            print_tools: true, ..
+        } => Ok(airlock_server::mcp::print_tools()),
+        Command::Mcp {
+            template,
+            sandbox_timeout,
+            ..
+        } => {
+            let timeout = std::time::Duration::from_secs(sandbox_timeout);
+            airlock_server::mcp::stdio(client(), template, timeout).await
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(

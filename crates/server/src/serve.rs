@@ -294,6 +294,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         .route("/health", get(|| async { (StatusCode::OK, "ok") }))
         .merge(api::routes(state.clone()))
         .merge(crate::dashboard::routes(state.clone()))
+        .merge(crate::mcp::routes(state.clone(), loopback_url(opts.listen)))
         // Outside the API key: the link is its own authority (see `templates_api::upload`).
         .route("/uploads/{token}", put(crate::templates_api::upload))
         // Outside the API key too: each volume's token is checked instead.
@@ -424,6 +425,17 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// How the server reaches itself (the MCP tools call its API): `listen`, with loopback for an
+/// address that means all of them.
+fn loopback_url(listen: SocketAddr) -> String {
+    let ip = match listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
 
 #[cfg(test)]

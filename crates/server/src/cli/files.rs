@@ -25,7 +25,12 @@ fn place(arg: &str) -> Place<'_> {
 }
 
 /// Copies `src` to `dst`, one of them in a sandbox; returns what was done, to print.
-pub async fn copy(client: &Client, src: &str, dst: &str, user: &str) -> Result<String, CliError> {
+pub(crate) async fn copy(
+    client: &Client,
+    src: &str,
+    dst: &str,
+    user: &str,
+) -> Result<String, CliError> {
     match (place(src), place(dst)) {
         (Place::Local(local), Place::Sandbox { id, path }) => {
             let file = tokio::fs::File::open(local)
@@ -86,7 +91,7 @@ pub async fn copy(client: &Client, src: &str, dst: &str, user: &str) -> Result<S
 }
 
 /// A `/files` request to the sandbox's agent, as `user`, with its access token.
-async fn files_request(
+pub(crate) async fn files_request(
     client: &Client,
     id: &str,
     method: &str,
@@ -109,7 +114,7 @@ async fn files_request(
 }
 
 /// The response if it is a success, else its `{message}` as the error.
-async fn checked(
+pub(crate) async fn checked(
     resp: hyper::Response<hyper::body::Incoming>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
     if resp.status().is_success() {

@@ -2,9 +2,9 @@
 //! API, as does `airlock template build -f`; `airlock key …` and `airlock template ls` work on
 //! the local data dir.
 
-mod files;
-mod process;
-mod run;
+pub(crate) mod files;
+pub(crate) mod process;
+pub(crate) mod run;
 mod sandbox;
 
 pub use run::{run, RunOptions};
@@ -112,12 +112,12 @@ fn parse_pair(arg: &str) -> Result<(String, String), String> {
 }
 
 /// A server's JSON answer.
-fn parse<'a, T: serde::Deserialize<'a>>(answer: &'a [u8]) -> Result<T, CliError> {
+pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(answer: &'a [u8]) -> Result<T, CliError> {
     serde_json::from_slice(answer).map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))
 }
 
 /// `text` percent-encoded for a URL's query.
-fn percent_encode(text: &str) -> String {
+pub(crate) fn percent_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
@@ -215,7 +215,17 @@ impl Client {
         }
     }
 
-    fn request(&self, method: &str, path: &str) -> http::request::Builder {
+    /// A client of the server at `url` with `api_key`, as the MCP server makes one for each
+    /// caller.
+    pub(crate) fn with_key(url: &str, api_key: String) -> Self {
+        Client {
+            base: url.trim_end_matches('/').to_owned(),
+            api_key: Some(api_key),
+            http: crate::proxy::http_client(),
+        }
+    }
+
+    pub(crate) fn request(&self, method: &str, path: &str) -> http::request::Builder {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base));
@@ -275,7 +285,7 @@ impl Client {
     }
 
     /// The token the sandbox's agent asks for, if it asks for one.
-    async fn access_token(&self, id: &str) -> Result<Option<String>, CliError> {
+    pub(crate) async fn access_token(&self, id: &str) -> Result<Option<String>, CliError> {
         let answer = self.call("GET", &format!("/sandboxes/{id}")).await?;
         Ok(parse::<SandboxDetail>(&answer)?.envd_access_token)
     }

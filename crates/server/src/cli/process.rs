@@ -108,9 +108,9 @@ pub async fn shell(client: &Client, id: &str, user: &str) -> Result<ExitCode, Cl
     exit
 }
 
-/// How unary `process.Process` calls reach one sandbox's agent.
+/// How Connect calls reach one sandbox's agent, as one user.
 #[derive(Clone)]
-struct Rpc {
+pub(crate) struct Rpc {
     client: Client,
     id: String,
     user: String,
@@ -118,11 +118,22 @@ struct Rpc {
 }
 
 impl Rpc {
-    fn request(&self, method: &str, content_type: &str) -> http::request::Builder {
+    /// Asks the server for the sandbox's access token, which every call then carries.
+    pub(crate) async fn new(client: &Client, id: &str, user: &str) -> Result<Rpc, CliError> {
+        Ok(Rpc {
+            token: client.access_token(id).await?,
+            client: client.clone(),
+            id: id.to_owned(),
+            user: user.to_owned(),
+        })
+    }
+
+    /// `path` is the service's and method's, e.g. `/process.Process/Start`.
+    fn request(&self, path: &str, content_type: &str) -> http::request::Builder {
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", self.user));
         let mut req = self
             .client
-            .request("POST", &format!("/process.Process/{method}"))
+            .request("POST", path)
             .header(airlock_wire::SANDBOX_ID_HEADER, &self.id)
             .header("content-type", content_type)
             .header("connect-protocol-version", "1")
@@ -133,28 +144,37 @@ impl Rpc {
         req
     }
 
-    /// A unary call (JSON in, JSON out).
+    /// A unary `process.Process` call.
     async fn call(&self, method: &str, message: &impl serde::Serialize) -> Result<(), CliError> {
+        self.unary(&format!("/process.Process/{method}"), message)
+            .await
+            .map(drop)
+    }
+
+    /// A unary call (JSON in, JSON out) to `path`; returns the answer's body.
+    pub(crate) async fn unary(
+        &self,
+        path: &str,
+        message: &impl serde::Serialize,
+    ) -> Result<Vec<u8>, CliError> {
         let body = serde_json::to_vec(message).map_err(|e| CliError::Failed(e.to_string()))?;
         let req = self
-            .request(method, "application/json")
+            .request(path, "application/json")
             .body(Body::from(body))
             .map_err(|e| CliError::Failed(e.to_string()))?;
         let resp = self.client.send(req).await?;
-        if resp.status().is_success() {
-            return Ok(());
-        }
         let status = resp.status();
         let body = resp.into_body().collect().await.map(|b| b.to_bytes());
-        Err(CliError::Failed(super::error_message(
-            &body.unwrap_or_default(),
-            status,
-        )))
+        let body = body.unwrap_or_default();
+        if status.is_success() {
+            return Ok(body.to_vec());
+        }
+        Err(CliError::Failed(super::error_message(&body, status)))
     }
 }
 
 /// A started process: its pid and the stream of its events.
-struct Process {
+pub(crate) struct Process {
     rpc: Rpc,
     pid: u32,
     events: hyper::body::Incoming,
@@ -162,21 +182,16 @@ struct Process {
 }
 
 impl Process {
-    async fn start(
+    pub(crate) async fn start(
         client: &Client,
         id: &str,
         user: &str,
         start: &StartRequest,
     ) -> Result<Process, CliError> {
-        let rpc = Rpc {
-            token: client.access_token(id).await?,
-            client: client.clone(),
-            id: id.to_owned(),
-            user: user.to_owned(),
-        };
+        let rpc = Rpc::new(client, id, user).await?;
         let message = serde_json::to_value(start).map_err(|e| CliError::Failed(e.to_string()))?;
         let req = rpc
-            .request("Start", connect::STREAM_CONTENT_TYPE)
+            .request("/process.Process/Start", connect::STREAM_CONTENT_TYPE)
             .body(Body::from(connect::encode_message(&message)))
             .map_err(|e| CliError::Failed(e.to_string()))?;
         let resp = client.send(req).await?;
@@ -207,7 +222,7 @@ impl Process {
 
     /// The next event of the stream; `None` at its end. An error the stream ends with is
     /// returned as one.
-    async fn next_event(&mut self) -> Result<Option<ProcessEvent>, CliError> {
+    pub(crate) async fn next_event(&mut self) -> Result<Option<ProcessEvent>, CliError> {
         loop {
             if let Some(env) = self
                 .decoder
@@ -239,6 +254,12 @@ impl Process {
                 }
             }
         }
+    }
+
+    /// Kills the process (SIGKILL).
+    pub(crate) async fn kill(&self) -> Result<(), CliError> {
+        let kill = serde_json::json!({"process": {"pid": self.pid}, "signal": "SIGNAL_SIGKILL"});
+        self.rpc.call("SendSignal", &kill).await
     }
 
     /// Copies the process's output to ours until it ends; its exit code is ours.

@@ -48,7 +48,38 @@ async fn execute(
     code: &str,
     opts: &RunOptions,
 ) -> Result<ExitCode, CliError> {
-    let body = serde_json::json!({"code": code, "context_id": null, "language": opts.language, "env_vars": null});
+    let mut printer = ResultPrinter::new(&opts.out_dir);
+    let timeout = std::time::Duration::from_secs(opts.timeout_secs);
+    let streamed = stream_execution(client, sandbox, code, &opts.language, |event| {
+        printer.handle(&event)
+    });
+    tokio::time::timeout(timeout, streamed)
+        .await
+        .map_err(|_| {
+            CliError::Failed(format!(
+                "the code did not finish within {}s",
+                opts.timeout_secs
+            ))
+        })??;
+    Ok(if printer.failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Runs `code` in the sandbox's code interpreter (`POST /execute` on its port 49999, as the
+/// SDK's `run_code`) and hands each event of the answer to `on_event` as it arrives: `stdout`,
+/// `stderr`, `result`, `error`, ... (see the protocol notes). Dropping the future closes the
+/// connection, which interrupts the code.
+pub(crate) async fn stream_execution(
+    client: &Client,
+    sandbox: &airlock_wire::api::Sandbox,
+    code: &str,
+    language: &str,
+    mut on_event: impl FnMut(serde_json::Value) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let body = serde_json::json!({"code": code, "context_id": null, "language": language, "env_vars": null});
     let mut req = client
         .request("POST", "/execute")
         .header(airlock_wire::SANDBOX_ID_HEADER, &sandbox.sandbox_id)
@@ -63,50 +94,35 @@ async fn execute(
     let req = req
         .body(Body::from(body.to_string()))
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let code_failed =
-        tokio::time::timeout(std::time::Duration::from_secs(opts.timeout_secs), async {
-            let resp = client.send(req).await?;
-            let status = resp.status();
-            let mut body = resp.into_body();
-            if !status.is_success() {
-                let text = body
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                return Err(CliError::Failed(format!(
-                    "the code interpreter answered {status}: {}",
-                    String::from_utf8_lossy(&text).trim()
-                )));
-            }
-            let mut printer = ResultPrinter::new(&opts.out_dir);
-            let mut pending = Vec::new();
-            while let Some(frame) = body.frame().await {
-                let frame =
-                    frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
-                let Some(chunk) = frame.data_ref() else {
-                    continue;
-                };
-                pending.extend_from_slice(chunk);
-                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = pending.drain(..=end).collect();
-                    printer.handle(&line)?;
-                }
-            }
-            Ok(printer.failed)
-        })
-        .await
-        .map_err(|_| {
-            CliError::Failed(format!(
-                "the code did not finish within {}s",
-                opts.timeout_secs
-            ))
-        })??;
-    Ok(if code_failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    let resp = client.send(req).await?;
+    let status = resp.status();
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let text = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Err(CliError::Failed(format!(
+            "the code interpreter answered {status}: {}",
+            String::from_utf8_lossy(&text).trim()
+        )));
+    }
+    let mut pending = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
+        let Some(chunk) = frame.data_ref() else {
+            continue;
+        };
+        pending.extend_from_slice(chunk);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let event = serde_json::from_slice(&line)
+                .map_err(|e| CliError::Failed(format!("unexpected output line: {e}")))?;
+            on_event(event)?;
+        }
+    }
+    Ok(())
 }
 
 /// Prints one `/execute` event at a time; images go to files.
@@ -125,9 +141,7 @@ impl<'a> ResultPrinter<'a> {
         }
     }
 
-    fn handle(&mut self, line: &[u8]) -> Result<(), CliError> {
-        let event: serde_json::Value = serde_json::from_slice(line)
-            .map_err(|e| CliError::Failed(format!("unexpected output line: {e}")))?;
+    fn handle(&mut self, event: &serde_json::Value) -> Result<(), CliError> {
         let text = |key: &str| {
             event
                 .get(key)
@@ -150,7 +164,7 @@ impl<'a> ResultPrinter<'a> {
                 eprintln!("{}", text("traceback"));
                 eprintln!("{}: {}", text("name"), text("value"));
             }
-            "result" => self.result(&event)?,
+            "result" => self.result(event)?,
             _ => {}
         }
         Ok(())
