@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness import start_server  # noqa: E402
-from startup import summary  # noqa: E402
+from stats import summary  # noqa: E402
 
 PANDAS_CODE = "import pandas as pd; pd.DataFrame({'a': [1]}).shape"
 

@@ -10,6 +10,7 @@
 #   bench/run.sh volumes [args]       bench/volumes.py     (volume create, creates with a mount, dd)
 #   bench/run.sh transfer [args]      bench/transfer.py    (upload, download, streamed stdout)
 #   bench/run.sh density [args]       bench/density.py     (N idle sandboxes: CPU, memory, latency)
+#   bench/run.sh mcp [args]           bench/mcp_latency.py       (MCP run_code over stdio and HTTP)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
@@ -30,10 +31,11 @@ case "$suite" in
   volumes) .venv/bin/python bench/volumes.py --data-dir "$DATA_DIR" "$@" ;;
   transfer) .venv/bin/python bench/transfer.py --data-dir "$DATA_DIR" "$@" ;;
   density) .venv/bin/python bench/density.py --data-dir "$DATA_DIR" "$@" ;;
+  mcp) .venv/bin/python bench/mcp_latency.py --data-dir "$DATA_DIR" "$@" ;;
   templates) scripts/install-test-deps.sh; .venv/bin/python bench/templates.py --data-dir "$DATA_DIR" "$@" ;;
   all)
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo
     .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" ;;
-  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|all] [args]" >&2; exit 2 ;;
 esac

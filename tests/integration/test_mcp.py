@@ -5,6 +5,7 @@ errors, files both ways, and bad input that leaves the session working."""
 import asyncio
 import base64
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -201,15 +202,23 @@ def test_a_killed_sandbox_is_a_tool_error_then_a_fresh_one(server, connection):
     assert not fresh.is_error and "False" in text_of(fresh)
 
 
-def test_a_session_kills_its_sandbox_when_it_ends(server):
+@pytest.mark.parametrize("connection", ["stdio", "http-session"])
+def test_a_session_kills_its_sandbox_when_it_ends(server, connection):
     from e2b import Sandbox
+
+    def session_sandboxes():
+        return [s.sandbox_id for s in Sandbox.list().next_items()
+                if s.metadata.get("airlock-mcp") == "session"]
 
     async def steps(client):
         await client.call_tool("run_code", {"code": "1"})
-        return [s.sandbox_id for s in Sandbox.list().next_items()
-                if s.metadata.get("airlock-mcp") == "session"]
-    [started] = session(server, "stdio", steps)
-    assert started not in [s.sandbox_id for s in Sandbox.list().next_items()]
+        return session_sandboxes()
+    [started] = session(server, connection, steps)
+    # An HTTP session ends with the client's DELETE; its sandbox is killed just after.
+    deadline = time.time() + 30
+    while started in session_sandboxes() and time.time() < deadline:
+        time.sleep(0.2)
+    assert started not in session_sandboxes()
 
 
 def test_http_needs_a_key_and_keeps_keys_apart(server, other_key):

@@ -37,13 +37,13 @@ impl State {
 }
 
 /// Logs to stderr at the level `AIRLOCK_LOG` names, or else `RUST_LOG` (`info` if neither is
-/// set), as text, or as one JSON object a line when `AIRLOCK_LOG_FORMAT` is `json`. The server
+/// set, with the MCP library's line per session left out), as text, or as one JSON object a line when `AIRLOCK_LOG_FORMAT` is `json`. The server
 /// and netd log alike, so that their lines read as one.
 pub fn init_logging() {
     let filter = ["AIRLOCK_LOG", "RUST_LOG"]
         .into_iter()
         .find_map(|var| tracing_subscriber::EnvFilter::try_from_env(var).ok())
-        .unwrap_or_else(|| "info".into());
+        .unwrap_or_else(|| "info,rmcp=warn".into());
     // Colours for a person at a terminal only, not in a file or the journal.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt()

@@ -293,6 +293,14 @@ fn main() -> ExitCode {
         // thread exists.
         std::env::set_var("AIRLOCK_LOG_FORMAT", "json");
     }
+    let no_level = ["AIRLOCK_LOG", "RUST_LOG"]
+        .iter()
+        .all(|var| std::env::var_os(var).is_none());
+    if no_level && matches!(cli.command, Command::Mcp { .. }) {
+        // Its client shows stderr to people (Claude Desktop keeps it as the server's log):
+        // only what goes wrong.
+        std::env::set_var("AIRLOCK_LOG", "warn");
+    }
     airlock_netd::init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
