@@ -202,6 +202,22 @@ def test_a_killed_sandbox_is_a_tool_error_then_a_fresh_one(server, connection):
     assert not fresh.is_error and "False" in text_of(fresh)
 
 
+def test_create_sandbox_makes_the_default_and_kill_sandbox_ends_it(server, connection):
+    async def steps(client):
+        created = await client.call_tool("create_sandbox", {"timeout": 120})
+        host = await client.call_tool("run_command", {"command": "hostname"})
+        killed = await client.call_tool("kill_sandbox", {})
+        again = await client.call_tool("run_command", {"command": "hostname"})
+        return created, host, killed, again
+    created, host, killed, again = session(server, connection, steps)
+    assert not created.is_error, text_of(created)
+    sandbox_id = text_of(created).split()[2]  # "started sandbox ID from template ..."
+    # The hostname of a sandbox is its id: the next call went to the new sandbox.
+    assert not host.is_error and sandbox_id in text_of(host), text_of(host)
+    assert text_of(killed) == f"killed sandbox {sandbox_id}"
+    assert not again.is_error and sandbox_id not in text_of(again)
+
+
 @pytest.mark.parametrize("connection", ["stdio", "http-session"])
 def test_a_session_kills_its_sandbox_when_it_ends(server, connection):
     from e2b import Sandbox

@@ -111,9 +111,12 @@ impl SessionSandboxes {
         let sandbox = self.start(client, template, timeout, tag).await?;
         let mut state = self.state.lock().await;
         state.current = Some(sandbox.sandbox_id.clone());
-        state
-            .started
-            .push((client.clone(), sandbox.sandbox_id.clone()));
+        // A shared sandbox outlives the request that made it: it is not this value's to kill.
+        if scope == Scope::Session {
+            state
+                .started
+                .push((client.clone(), sandbox.sandbox_id.clone()));
+        }
         Ok(sandbox)
     }
 
