@@ -42,8 +42,8 @@ pub(crate) async fn copy(
                 )));
             }
             let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
-            let req = files_request(client, id, "POST", path, user)
-                .await?
+            let token = client.access_token(id).await?;
+            let req = files_request(client, id, token.as_deref(), "POST", path, user)
                 .header("content-type", "application/octet-stream")
                 .body(body)
                 .map_err(|e| CliError::Failed(e.to_string()))?;
@@ -51,8 +51,8 @@ pub(crate) async fn copy(
             Ok(format!("copied {local} to {id}:{path}"))
         }
         (Place::Sandbox { id, path }, Place::Local(local)) => {
-            let req = files_request(client, id, "GET", path, user)
-                .await?
+            let token = client.access_token(id).await?;
+            let req = files_request(client, id, token.as_deref(), "GET", path, user)
                 .body(Body::empty())
                 .map_err(|e| CliError::Failed(e.to_string()))?;
             let mut body = checked(client.send(req).await?).await?.into_body();
@@ -90,15 +90,15 @@ pub(crate) async fn copy(
     }
 }
 
-/// A `/files` request to the sandbox's agent, as `user`, with its access token.
-pub(crate) async fn files_request(
+/// A `/files` request to the sandbox's agent, as `user`, with its access token if it has one.
+pub(crate) fn files_request(
     client: &Client,
     id: &str,
+    token: Option<&str>,
     method: &str,
     path: &str,
     user: &str,
-) -> Result<http::request::Builder, CliError> {
-    let token = client.access_token(id).await?;
+) -> http::request::Builder {
     let query = format!(
         "/files?path={}&username={}",
         super::percent_encode(path),
@@ -110,7 +110,7 @@ pub(crate) async fn files_request(
     if let Some(token) = token {
         req = req.header(airlock_wire::ACCESS_TOKEN_HEADER, token);
     }
-    Ok(req)
+    req
 }
 
 /// The response if it is a success, else its `{message}` as the error.

@@ -208,19 +208,15 @@ impl Client {
                 .ok()
                 .map(|k| k.trim().to_owned())
         });
+        Client::with_key(url, api_key)
+    }
+
+    /// A client of the server at `url` with `api_key` (no key: calls that need one get 401),
+    /// as the MCP server makes one for each caller.
+    pub(crate) fn with_key(url: &str, api_key: Option<String>) -> Self {
         Client {
             base: url.trim_end_matches('/').to_owned(),
             api_key,
-            http: crate::proxy::http_client(),
-        }
-    }
-
-    /// A client of the server at `url` with `api_key`, as the MCP server makes one for each
-    /// caller.
-    pub(crate) fn with_key(url: &str, api_key: String) -> Self {
-        Client {
-            base: url.trim_end_matches('/').to_owned(),
-            api_key: Some(api_key),
             http: crate::proxy::http_client(),
         }
     }

@@ -3,6 +3,7 @@
 //! back. A shell runs on a terminal in the sandbox that takes this one's keys and size.
 
 use super::{CliError, Client};
+use airlock_wire::api::Sandbox;
 use airlock_wire::connect::{self, Decoder};
 use airlock_wire::envd::{
     ProcessConfig, ProcessEvent, ProcessEventMessage, ProcessInput, ProcessOutput, ProcessSelector,
@@ -35,7 +36,7 @@ pub async fn exec(
         tag: None,
         stdin: Some(false),
     };
-    let process = Process::start(client, id, user, &start).await?;
+    let process = Process::start(Rpc::new(client, id, user).await?, &start).await?;
     process.relay().await
 }
 
@@ -55,7 +56,7 @@ pub async fn shell(client: &Client, id: &str, user: &str) -> Result<ExitCode, Cl
         tag: None,
         stdin: None,
     };
-    let process = Process::start(client, id, user, &start).await?;
+    let process = Process::start(Rpc::new(client, id, user).await?, &start).await?;
     // Keys go to the sandbox as they are typed, Ctrl-C and Ctrl-D included; put back at the end.
     let _raw = RawTerminal::enter();
     let (input_tx, mut input_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
@@ -128,6 +129,16 @@ impl Rpc {
         })
     }
 
+    /// For a sandbox just created or connected, whose answer carried its access token.
+    pub(crate) fn connected(client: &Client, sandbox: &Sandbox, user: &str) -> Rpc {
+        Rpc {
+            token: sandbox.envd_access_token.clone(),
+            client: client.clone(),
+            id: sandbox.sandbox_id.clone(),
+            user: user.to_owned(),
+        }
+    }
+
     /// `path` is the service's and method's, e.g. `/process.Process/Start`.
     fn request(&self, path: &str, content_type: &str) -> http::request::Builder {
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", self.user));
@@ -182,19 +193,13 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    pub(crate) async fn start(
-        client: &Client,
-        id: &str,
-        user: &str,
-        start: &StartRequest,
-    ) -> Result<Process, CliError> {
-        let rpc = Rpc::new(client, id, user).await?;
+    pub(crate) async fn start(rpc: Rpc, start: &StartRequest) -> Result<Process, CliError> {
         let message = serde_json::to_value(start).map_err(|e| CliError::Failed(e.to_string()))?;
         let req = rpc
             .request("/process.Process/Start", connect::STREAM_CONTENT_TYPE)
             .body(Body::from(connect::encode_message(&message)))
             .map_err(|e| CliError::Failed(e.to_string()))?;
-        let resp = client.send(req).await?;
+        let resp = rpc.client.send(req).await?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.into_body().collect().await.map(|b| b.to_bytes());

@@ -3,7 +3,7 @@
 //! tool error, so the session carries on).
 
 use super::tools::{Download, ListFiles, ReadFile, RunCode, RunCommand, Upload, WriteFile};
-use crate::cli::process::Process;
+use crate::cli::process::{Process, Rpc};
 use crate::cli::{CliError, Client};
 use airlock_wire::api::Sandbox;
 use airlock_wire::envd::{ProcessConfig, ProcessEvent, ProcessOutput, StartRequest};
@@ -197,7 +197,8 @@ pub async fn run_command(client: &Client, sandbox: &Sandbox, args: RunCommand) -
         tag: None,
         stdin: Some(false),
     };
-    let mut process = Process::start(client, &sandbox.sandbox_id, USER, &start)
+    let rpc = Rpc::connected(client, sandbox, USER);
+    let mut process = Process::start(rpc, &start)
         .await
         .map_err(|e| format!("starting the command failed: {}", e.describe()))?;
     let (mut stdout, mut stderr) = (Capped::default(), Capped::default());
@@ -279,9 +280,7 @@ pub async fn write_file(client: &Client, sandbox: &Sandbox, args: WriteFile) -> 
 
 pub async fn list_files(client: &Client, sandbox: &Sandbox, args: ListFiles) -> Outcome {
     let path = args.path.unwrap_or_else(|| "/home/user".into());
-    let rpc = crate::cli::process::Rpc::new(client, &sandbox.sandbox_id, USER)
-        .await
-        .map_err(|e| e.describe())?;
+    let rpc = Rpc::connected(client, sandbox, USER);
     let request = serde_json::json!({"path": path, "depth": args.depth.unwrap_or(1)});
     let answer = rpc
         .unary("/filesystem.Filesystem/ListDir", &request)
@@ -404,11 +403,11 @@ async fn fetch(
     instead: &str,
 ) -> Result<Vec<u8>, String> {
     let failed = |e: CliError| format!("reading {path} failed: {}", e.describe());
-    let req = crate::cli::files::files_request(client, &sandbox.sandbox_id, "GET", path, USER)
-        .await
-        .map_err(failed)?
-        .body(axum::body::Body::empty())
-        .map_err(|e| e.to_string())?;
+    let token = sandbox.envd_access_token.as_deref();
+    let req =
+        crate::cli::files::files_request(client, &sandbox.sandbox_id, token, "GET", path, USER)
+            .body(axum::body::Body::empty())
+            .map_err(|e| e.to_string())?;
     let resp = client.send(req).await.map_err(failed)?;
     let mut body = crate::cli::files::checked(resp)
         .await
@@ -432,12 +431,12 @@ async fn fetch(
 
 async fn put(client: &Client, sandbox: &Sandbox, path: &str, bytes: Vec<u8>) -> Result<(), String> {
     let failed = |e: CliError| format!("writing {path} failed: {}", e.describe());
-    let req = crate::cli::files::files_request(client, &sandbox.sandbox_id, "POST", path, USER)
-        .await
-        .map_err(failed)?
-        .header("content-type", "application/octet-stream")
-        .body(axum::body::Body::from(bytes))
-        .map_err(|e| e.to_string())?;
+    let token = sandbox.envd_access_token.as_deref();
+    let req =
+        crate::cli::files::files_request(client, &sandbox.sandbox_id, token, "POST", path, USER)
+            .header("content-type", "application/octet-stream")
+            .body(axum::body::Body::from(bytes))
+            .map_err(|e| e.to_string())?;
     let resp = client.send(req).await.map_err(failed)?;
     crate::cli::files::checked(resp).await.map_err(failed)?;
     Ok(())

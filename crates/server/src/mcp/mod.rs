@@ -75,7 +75,7 @@ impl AirlockMcp {
                 } else {
                     Scope::Shared
                 };
-                Ok((Client::with_key(base, key.clone()), scope))
+                Ok((Client::with_key(base, Some(key.clone())), scope))
             }
         }
     }

@@ -26,6 +26,16 @@ pub enum Scope {
     Shared,
 }
 
+impl Scope {
+    /// The [`MCP_METADATA_KEY`] value of the sandboxes started in this scope.
+    fn tag(self) -> &'static str {
+        match self {
+            Scope::Session => "session",
+            Scope::Shared => SHARED,
+        }
+    }
+}
+
 /// A session's sandboxes: the current one, and those it started (killed when it ends).
 pub struct SessionSandboxes {
     template: String,
@@ -82,18 +92,8 @@ impl SessionSandboxes {
                 }
             };
         }
-        let tag = match scope {
-            Scope::Session => "session",
-            Scope::Shared => SHARED,
-        };
-        let sandbox = self.start(client, None, None, tag).await?;
-        state.current = Some(sandbox.sandbox_id.clone());
-        if scope == Scope::Session {
-            state
-                .started
-                .push((client.clone(), sandbox.sandbox_id.clone()));
-        }
-        Ok(sandbox)
+        self.start_current(&mut state, client, None, None, scope)
+            .await
     }
 
     /// `create_sandbox`: a new sandbox that becomes the session's current one.
@@ -104,20 +104,9 @@ impl SessionSandboxes {
         timeout: Option<u64>,
         scope: Scope,
     ) -> Result<Sandbox, String> {
-        let tag = match scope {
-            Scope::Session => "session",
-            Scope::Shared => SHARED,
-        };
-        let sandbox = self.start(client, template, timeout, tag).await?;
         let mut state = self.state.lock().await;
-        state.current = Some(sandbox.sandbox_id.clone());
-        // A shared sandbox outlives the request that made it: it is not this value's to kill.
-        if scope == Scope::Session {
-            state
-                .started
-                .push((client.clone(), sandbox.sandbox_id.clone()));
-        }
-        Ok(sandbox)
+        self.start_current(&mut state, client, template, timeout, scope)
+            .await
     }
 
     /// `kill_sandbox`: kills `explicit`, or the current one; returns which.
@@ -151,30 +140,36 @@ impl SessionSandboxes {
 
     /// Kills the sandboxes this session started (it is over).
     pub async fn close(&self) {
-        let started = std::mem::take(&mut self.state.lock().await.started);
-        for (client, id) in started {
-            // One that is already gone is fine.
-            let _ = client.call("DELETE", &format!("/sandboxes/{id}")).await;
-        }
+        kill_all(std::mem::take(&mut self.state.lock().await.started)).await;
     }
 
-    async fn start(
+    /// Starts a sandbox and makes it the current one. A session's own is also recorded, to be
+    /// killed when the session ends; a shared one outlives the request that made it.
+    async fn start_current(
         &self,
+        state: &mut State,
         client: &Client,
         template: Option<String>,
         timeout: Option<u64>,
-        tag: &str,
+        scope: Scope,
     ) -> Result<Sandbox, String> {
         let body = serde_json::json!({
             "templateID": template.unwrap_or_else(|| self.template.clone()),
             "timeout": timeout.unwrap_or(self.timeout.as_secs()),
-            "metadata": BTreeMap::from([(MCP_METADATA_KEY, tag)]),
+            "metadata": BTreeMap::from([(MCP_METADATA_KEY, scope.tag())]),
         });
         let answer = client
             .call_json("POST", "/v2/sandboxes", &body)
             .await
             .map_err(|e| format!("starting a sandbox failed: {}", e.describe()))?;
-        crate::cli::parse(&answer).map_err(|e| e.describe())
+        let sandbox: Sandbox = crate::cli::parse(&answer).map_err(|e| e.describe())?;
+        state.current = Some(sandbox.sandbox_id.clone());
+        if scope == Scope::Session {
+            state
+                .started
+                .push((client.clone(), sandbox.sandbox_id.clone()));
+        }
+        Ok(sandbox)
     }
 }
 
@@ -186,12 +181,15 @@ impl Drop for SessionSandboxes {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                for (client, id) in started {
-                    let _ = client.call("DELETE", &format!("/sandboxes/{id}")).await;
-                }
-            });
+            runtime.spawn(kill_all(started));
         }
+    }
+}
+
+async fn kill_all(started: Vec<(Client, String)>) {
+    for (client, id) in started {
+        // One that is already gone is fine.
+        let _ = client.call("DELETE", &format!("/sandboxes/{id}")).await;
     }
 }
 

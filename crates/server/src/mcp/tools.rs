@@ -169,32 +169,34 @@ pub fn list() -> Vec<Tool> {
     ]
 }
 
-/// `T`'s JSON schema as a model reads it: descriptions on one line, an optional field as its
-/// type alone (not `[type, "null"]`, which some model APIs refuse; it is optional by not being
-/// required), without the keys that only name the Rust type (`title`, `format: uint64`) or
-/// the draft.
+/// `T`'s JSON schema as a model reads it: without the keys that only name the Rust type
+/// (`title`, `format: uint64`) or the draft, and each argument (the structs are flat) with its
+/// description on one line and, if optional, its type alone (not `[type, "null"]`, which some
+/// model APIs refuse; it is optional by not being required).
 fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
-    fn tidy(value: &mut serde_json::Value) {
-        if let serde_json::Value::Object(map) = value {
-            map.remove("format");
-            if let Some(serde_json::Value::Array(types)) = map.get("type") {
-                if let [t, null] = types.as_slice() {
-                    if null == "null" {
-                        let t = t.clone();
-                        map.insert("type".into(), t);
-                    }
-                }
-            }
-            if let Some(serde_json::Value::String(d)) = map.get_mut("description") {
-                *d = d.split_whitespace().collect::<Vec<_>>().join(" ");
-            }
-            map.values_mut().for_each(tidy);
-        }
-    }
+    use serde_json::Value;
     let mut object = (*schema_for_type::<T>()).clone();
     object.remove("$schema");
     object.remove("title");
-    object.values_mut().for_each(tidy);
+    let properties = object.get_mut("properties").and_then(Value::as_object_mut);
+    for argument in properties
+        .into_iter()
+        .flat_map(|p| p.values_mut())
+        .filter_map(Value::as_object_mut)
+    {
+        argument.remove("format");
+        if let Some(Value::Array(types)) = argument.get("type") {
+            if let [t, null] = types.as_slice() {
+                if null == "null" {
+                    let t = t.clone();
+                    argument.insert("type".into(), t);
+                }
+            }
+        }
+        if let Some(Value::String(d)) = argument.get_mut("description") {
+            *d = d.split_whitespace().collect::<Vec<_>>().join(" ");
+        }
+    }
     Arc::new(object)
 }
 
