@@ -181,8 +181,8 @@ async fn start_sandbox(
     let env_vars = body.env_vars.unwrap_or_default();
     check_map("metadata", &metadata)?;
     check_map("envVars", &env_vars)?;
-    // The SDK may send `team/name:tag`; templates here have no namespace.
-    let template = (body.template_id.rsplit('/').next().unwrap_or_default()).to_owned();
+    // `name`, `name:tag`, or another key's public template as `{key id}/name[:tag]`.
+    let template = body.template_id;
     let network = body.network.unwrap_or_default();
     let egress = egress(body.allow_internet_access, &network)?;
     let allow_public_traffic = network.allow_public_traffic.unwrap_or(true);

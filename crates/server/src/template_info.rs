@@ -76,9 +76,7 @@ async fn update(
         ..template
     };
     state.store.update_user_template(&updated)?;
-    Ok(Json(
-        serde_json::json!({ "names": [updated.alias.as_str()] }),
-    ))
+    Ok(Json(serde_json::json!({ "names": names(&updated) })))
 }
 
 fn resources(state: &AppState, t: &UserTemplate) -> (u32, u32) {
@@ -101,7 +99,7 @@ fn info(state: &AppState, t: &UserTemplate, builds: &[BuildRecord]) -> TemplateI
         disk_size_mb: state.lifecycle.limits().default_resources.disk_mb,
         public: t.public,
         aliases: vec![t.alias.to_string()],
-        names: vec![t.alias.to_string()],
+        names: names(t),
         created_at: iso(t.created_at),
         updated_at: iso(ready
             .filter_map(|b| b.finished_at)
@@ -117,6 +115,12 @@ fn info(state: &AppState, t: &UserTemplate, builds: &[BuildRecord]) -> TemplateI
             .as_str()
             .into(),
     }
+}
+
+/// A template's names, as E2B lists them: its alias, which only its owner's key starts it by,
+/// and `{owner's key id}/{alias}`, by which any key starts it once it is public.
+pub(crate) fn names(t: &UserTemplate) -> Vec<String> {
+    vec![t.alias.to_string(), format!("{}/{}", t.owner, t.alias)]
 }
 
 fn iso(unix: i64) -> String {

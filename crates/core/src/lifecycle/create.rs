@@ -66,14 +66,20 @@ impl Lifecycle {
         let resources = self.resources_for(&params)?;
         let quota = self.quota(params.owner.as_deref())?;
         let owner = params.owner.as_deref();
-        // A template (`name` or `name:tag`), else one of the owner's snapshots.
-        let source = match self.store.visible_template(owner, &params.template)? {
-            Some((template, _)) => Source::Template(template),
-            None => match TemplateName::parse(&params.template) {
-                Ok(name) => self.owned_snapshot(owner, &name)?.map(Source::Snapshot),
-                Err(_) => None,
-            }
-            .ok_or_else(|| LifecycleError::TemplateNotFound(params.template.clone()))?,
+        // One of the owner's snapshots, else a template (`name` or `name:tag`). A snapshot's
+        // name is never one of its owner's templates' or a built-in's (both are refused when
+        // it is taken), so looking at the owner's own names first lets no public template
+        // stand in for them.
+        let snapshot = match TemplateName::parse(&params.template) {
+            Ok(name) => self.owned_snapshot(owner, &name)?,
+            Err(_) => None,
+        };
+        let source = match snapshot {
+            Some(snapshot) => Source::Snapshot(snapshot),
+            None => match self.store.visible_template(owner, &params.template)? {
+                Some((template, _)) => Source::Template(template),
+                None => return Err(LifecycleError::TemplateNotFound(params.template.clone())),
+            },
         };
         let volume_mounts = match &source {
             Source::Template(_) => self.volumes.resolve(owner, &params.volume_mounts)?,

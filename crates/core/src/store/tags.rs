@@ -335,6 +335,33 @@ mod tests {
     }
 
     #[test]
+    fn a_public_template_is_reached_by_its_namespace_never_by_a_bare_alias() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db")).unwrap();
+        template(&store, "ta", "ka", "ready");
+        build(&store, "ta", "ba", &[DEFAULT_TAG], true);
+        let mut published = store.user_template("ta").unwrap().unwrap();
+        published.public = true;
+        store.update_user_template(&published).unwrap();
+        // The attack: key B names `ready`, a name key A published; B has none of its own.
+        assert_eq!(starts(&store, "kb", "ready"), None);
+        // B reaches A's public template only by A's namespace, or by its id.
+        assert_eq!(starts(&store, "kb", "ka/ready").as_deref(), Some("ba"));
+        assert_eq!(starts(&store, "kb", "ta").as_deref(), Some("ba"));
+        // B's own `ready` is B's whatever A publishes.
+        template(&store, "tb", "kb", "ready");
+        build(&store, "tb", "bb", &[DEFAULT_TAG], true);
+        assert_eq!(starts(&store, "kb", "ready").as_deref(), Some("bb"));
+        assert_eq!(starts(&store, "ka", "ready").as_deref(), Some("ba"));
+        // A private template is not reached by its namespace either.
+        assert_eq!(starts(&store, "ka", "kb/ready"), None);
+        published.public = false;
+        store.update_user_template(&published).unwrap();
+        assert_eq!(starts(&store, "kb", "ka/ready"), None);
+        assert_eq!(starts(&store, "kb", "ta"), None);
+    }
+
+    #[test]
     fn a_built_in_has_only_its_default_tag() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db")).unwrap();
