@@ -113,6 +113,7 @@ async fn build(
     store.insert_build(&build)?;
     let job = BuildJob {
         build_id: build.id,
+        owner: None,
         name: definition.name.to_owned(),
         published_as: name.clone(),
         template_id: name,

@@ -41,6 +41,10 @@ impl From<airlock_core::build::uploads::UploadError> for ApiError {
         let status = match &err {
             UploadError::BadTicket => StatusCode::FORBIDDEN,
             UploadError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            UploadError::OverQuota(_) | UploadError::DiskFull(_) => {
+                StatusCode::INSUFFICIENT_STORAGE
+            }
+            UploadError::TooManyTickets => StatusCode::TOO_MANY_REQUESTS,
             UploadError::Receive(_) => StatusCode::BAD_REQUEST,
             UploadError::Store(e) if e.kind() == std::io::ErrorKind::StorageFull => {
                 StatusCode::INSUFFICIENT_STORAGE
@@ -54,6 +58,27 @@ impl From<airlock_core::build::uploads::UploadError> for ApiError {
             }
         };
         ApiError::new(status, err.to_string())
+    }
+}
+
+impl From<airlock_core::build::queue::TooManyBuilds> for ApiError {
+    fn from(err: airlock_core::build::queue::TooManyBuilds) -> Self {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, err.to_string())
+    }
+}
+
+impl From<airlock_core::build::BuildError> for ApiError {
+    fn from(err: airlock_core::build::BuildError) -> Self {
+        match err {
+            airlock_core::build::BuildError::Store(e) => e.into(),
+            other => {
+                tracing::error!(error = %other, "a template build's bookkeeping failed");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error; see the server log",
+                )
+            }
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! `airlock`: the Airlock server and its command-line client.
 
+use airlock_core::build::BuildLimits;
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
 use airlock_server::data_dir::DataDir;
@@ -53,6 +54,46 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `airlock serve`'s flags for template builds: how long, how many, how much disk.
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// MiB that template builds leave free on the disk of the templates dir: a build step that
+    /// takes it below this is stopped and its build fails, and an upload is refused, so that
+    /// no build fills the host's disk.
+    #[arg(long, default_value_t = 2048, env = "AIRLOCK_BUILD_MIN_FREE_MB")]
+    build_min_free_mb: u64,
+    /// Seconds one template build step (a RUN, a COPY, a layer of an image) may run before it
+    /// is stopped and its build fails.
+    #[arg(long, default_value_t = 1800, env = "AIRLOCK_BUILD_STEP_TIMEOUT")]
+    build_step_timeout: u64,
+    /// Seconds a whole template build (image pulls, every step and the golden image) may run,
+    /// from when its turn comes, before it is stopped and fails.
+    #[arg(long, default_value_t = 3600, env = "AIRLOCK_BUILD_TIMEOUT_SECS")]
+    build_timeout_secs: u64,
+    /// Template builds one API key may have waiting or running at once; more get 429. Builds
+    /// take turns fairly between keys whatever this is.
+    #[arg(long, default_value_t = 4)]
+    key_max_builds: usize,
+    /// MiB of disk one API key's templates may take: the layers its builds made that a
+    /// template still uses, and its COPY uploads. A build or upload past it fails with 507.
+    #[arg(long, default_value_t = 20_480)]
+    key_max_template_storage_mb: u64,
+    /// Templates one API key may have; a build of a new name past it gets 429.
+    #[arg(long, default_value_t = 100)]
+    key_max_templates: usize,
+}
+
+impl BuildArgs {
+    fn limits(&self) -> BuildLimits {
+        BuildLimits {
+            timeout: Duration::from_secs(self.build_timeout_secs),
+            per_key: self.key_max_builds,
+            storage_bytes_per_key: self.key_max_template_storage_mb << 20,
+            templates_per_key: self.key_max_templates,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -166,19 +207,12 @@ enum Command {
         /// it, the SDK would send its own traffic to https://49983-{id}.{DOMAIN}.
         #[arg(long, value_name = "DOMAIN", value_parser = parse_domain)]
         domain: Option<String>,
-        /// MiB that template builds leave free on the disk of the templates dir: a build step
-        /// that takes it below this is stopped and its build fails, so that no build fills the
-        /// host's disk.
-        #[arg(long, default_value_t = 2048, env = "AIRLOCK_BUILD_MIN_FREE_MB")]
-        build_min_free_mb: u64,
         /// MiB each new volume may hold (E2B's `Volume.create`). Writes through the volume
         /// content API that would take a volume past it are refused with 507.
         #[arg(long, default_value_t = 1024, env = "AIRLOCK_VOLUME_SIZE_MB")]
         volume_size_mb: u64,
-        /// Seconds one template build step (a RUN, a COPY, a layer of an image) may run before
-        /// it is stopped and its build fails.
-        #[arg(long, default_value_t = 1800, env = "AIRLOCK_BUILD_STEP_TIMEOUT")]
-        build_step_timeout: u64,
+        #[command(flatten)]
+        builds: BuildArgs,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
@@ -342,9 +376,8 @@ async fn run(cli: Cli) -> ExitCode {
             max_disk_mb,
             ready_timeout,
             insecure_registries,
-            build_min_free_mb,
+            builds,
             volume_size_mb,
-            build_step_timeout,
             insecure_open_network,
             prepare_only,
             stop_sandboxes_on_exit,
@@ -357,9 +390,10 @@ async fn run(cli: Cli) -> ExitCode {
             agent_binary: agent_bin,
             runsc,
             insecure_registries,
-            build_min_free_mb,
+            build_min_free_mb: builds.build_min_free_mb,
+            build_step_timeout: Duration::from_secs(builds.build_step_timeout),
+            build_limits: builds.limits(),
             volume_size_mb,
-            build_step_timeout: Duration::from_secs(build_step_timeout),
             insecure_open_network,
             prepare_only,
             domain,
@@ -439,6 +473,11 @@ async fn run(cli: Cli) -> ExitCode {
             cli::TemplateJob::List { json } => {
                 data_dir(&cli.data_dir, cli.templates_dir.as_deref())
                     .and_then(|data| cli::template_ls(&data, json))
+            }
+            cli::TemplateJob::Cancel { template, build } => {
+                cli::template_cancel(client(), &template, &build)
+                    .await
+                    .map(|()| ExitCode::SUCCESS)
             }
         },
         Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())

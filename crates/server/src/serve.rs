@@ -3,7 +3,7 @@
 use crate::agent_client::HttpAgentClient;
 use crate::data_dir::DataDir;
 use crate::{api, listen, proxy, AppState, AppStateInner};
-use airlock_core::build::{BuildOptions, Builder};
+use airlock_core::build::{BuildLimits, BuildOptions, Builder};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits, OnExit};
 use airlock_core::store::{KeyLimits, Store};
@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub build_min_free_mb: u64,
     /// How long one build step may run.
     pub build_step_timeout: std::time::Duration,
+    /// What one build, and one key's builds, may take.
+    pub build_limits: BuildLimits,
     /// What each new volume may hold.
     pub volume_size_mb: u64,
     /// Debugging only: no host firewall (see `airlock serve --help`).
@@ -243,6 +245,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             min_free_bytes: opts.build_min_free_mb << 20,
             step_timeout: opts.build_step_timeout,
             agent_is_static,
+            limits: opts.build_limits,
         },
     );
     // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.

@@ -12,7 +12,7 @@ use crate::AppState;
 use airlock_core::build::copy::CopyStep;
 use airlock_core::build::image::ImageSource;
 use airlock_core::build::uploads::{valid_hash, UploadError, MAX_UPLOAD_BYTES};
-use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Step, StepKind};
+use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Step, StepKind, BUILDS_KEPT};
 use airlock_core::driver::Resources;
 use airlock_core::ids::{SandboxId, TemplateName};
 use airlock_core::store::{
@@ -27,7 +27,7 @@ use airlock_wire::templates::{
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures::StreamExt;
 
@@ -42,9 +42,11 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v3/templates", post(request_build))
         .route("/v2/templates/{id}/builds/{build}", post(start_build))
+        .route("/templates/{id}/builds/{build}", delete(cancel_build))
         .route("/templates/{id}/builds/{build}/status", get(build_status))
         .route("/templates/{id}/files/{hash}", get(file_upload_link))
         .route("/templates/aliases/{alias}", get(alias))
+        .route("/templates/aliases/{namespace}/{alias}", get(namespaced_alias))
         .merge(crate::template_info::routes())
         .merge(crate::template_tags::routes())
 }
@@ -78,7 +80,8 @@ async fn request_build(
         .ok_or_else(|| ApiError::bad_request("name is required"))?;
     if given.contains('/') {
         return Err(ApiError::bad_request(format!(
-            "'{given}': namespaces (team/name) are not supported here: name templates without one"
+            "'{given}': a template is named without a namespace; other keys reach it, once \
+             it is public, as {{your key id}}/{{name}} (see its `names`)"
         )));
     }
     // `name:tag` and `tags` both tag the build; with neither it is the `default`.
@@ -125,6 +128,23 @@ async fn request_build(
             )));
         }
     }
+    let limits = state.builder.limits();
+    let used = state
+        .builder
+        .make_room(&caller.0, limits.storage_bytes_per_key)
+        .await?;
+    if used >= limits.storage_bytes_per_key {
+        return Err(ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!(
+                "this API key's templates take {} MiB, all of the {} MiB a key may keep \
+                 (`airlock serve --key-max-template-storage-mb`): delete templates it no \
+                 longer needs",
+                used >> 20,
+                limits.storage_bytes_per_key >> 20
+            ),
+        ));
+    }
     let now = chrono::Utc::now().timestamp();
     let fresh = UserTemplate {
         id: TemplateName::parse(SandboxId::generate().as_str()).expect("ids are valid names"),
@@ -136,6 +156,21 @@ async fn request_build(
         created_at: now,
     };
     // A name the key has already built gets a new build of the same template.
+    let existing = find_owned(&state, &caller, alias.as_str())?;
+    let owned_count = || -> Result<usize, ApiError> {
+        let all = state.store.user_templates()?;
+        Ok(all.iter().filter(|t| t.owner == caller.0).count())
+    };
+    if existing.is_none() && owned_count()? >= limits.templates_per_key {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "this API key has {} templates, its most (`airlock serve \
+                 --key-max-templates`): delete one, or build a new version of one it has",
+                limits.templates_per_key
+            ),
+        ));
+    }
     let template = if state.store.insert_user_template(&fresh)? {
         fresh
     } else {
@@ -157,12 +192,14 @@ async fn request_build(
         finished_at: None,
         tags: tags.clone(),
     };
+    // A key that builds one name again and again keeps only its newest builds and logs.
+    state.store.prune_builds_of(&template.id, BUILDS_KEPT)?;
     state.store.insert_build(&build)?;
     let created = TemplateBuildCreated {
         template_id: template.id.to_string(),
         build_id: build.id,
         public: template.public,
-        names: vec![alias.to_string()],
+        names: crate::template_info::names(&template),
         tags,
         aliases: vec![alias.to_string()],
     };
@@ -212,9 +249,10 @@ async fn start_build(
         }
     };
     let defaults = state.lifecycle.limits().default_resources;
-    state.builder.start(BuildJob {
+    let started = state.builder.start(BuildJob {
         published_as: TemplateName::parse(&record.id).expect("build ids are UUIDs"),
-        build_id: record.id,
+        owner: Some(caller.0.clone()),
+        build_id: record.id.clone(),
         name: template.alias.to_string(),
         template_id: template.id,
         definition,
@@ -224,7 +262,46 @@ async fn start_build(
             disk_mb: 0,
         },
     });
+    if let Err(refused) = started {
+        let now = chrono::Utc::now().timestamp();
+        let failure = Some((refused.to_string(), Some("base")));
+        let failure = failure.as_ref().map(|(m, s)| (m.as_str(), *s));
+        state
+            .store
+            .set_build_status(&record.id, BuildStatus::Error, failure, now)?;
+        return Err(refused.into());
+    }
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({}))).into_response())
+}
+
+/// `DELETE /templates/{id}/builds/{build}`: stops a build that waits for its turn or runs
+/// (its step's sandbox is destroyed and the step's writes thrown away); it ends with status
+/// `error`. A build that was requested but never started ends at once. E2B has no such call;
+/// `airlock template cancel` makes it.
+async fn cancel_build(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, build)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let (_, record) = owned_build(&state, &caller, &id, &build)?;
+    if state.builder.cancel(&record.id) {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    if record.status == BuildStatus::Waiting {
+        let now = chrono::Utc::now().timestamp();
+        let failure = Some((airlock_core::build::stop::CANCELLED, None));
+        state
+            .store
+            .set_build_status(&record.id, BuildStatus::Error, failure, now)?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        format!(
+            "build '{build}' has already ended ({})",
+            record.status.as_str()
+        ),
+    ))
 }
 
 /// Checks the SDK's build body and turns it into what the builder runs.
@@ -425,8 +502,14 @@ async fn file_upload_link(
     }
     let uploads = &state.builder.uploads;
     let present = uploads.has(&template.id, &hash);
+    // An upload may bring what is left of the key's template storage.
+    let limit = state.builder.limits().storage_bytes_per_key;
+    let room = limit.saturating_sub(state.builder.make_room(&caller.0, limit).await?);
+    if room == 0 && !present {
+        return Err(UploadError::OverQuota(0).into());
+    }
     // The SDK uploads again when a step says `force_upload`, so a link comes either way.
-    let token = uploads.ticket(&template.id, &hash);
+    let token = uploads.ticket(&caller.0, &template.id, &hash, room)?;
     let url = format!("{}/uploads/{token}", base_url(&headers));
     let link = TemplateFileUpload {
         present,
@@ -496,6 +579,15 @@ async fn alias(
             public: true,
         },
     }))
+}
+
+/// `Template.exists("{key id}/name")`: the SDK puts the slash into the path as it is.
+async fn namespaced_alias(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Json<TemplateAlias>, ApiError> {
+    alias(state, caller, Path(format!("{namespace}/{name}"))).await
 }
 
 /// `DELETE /templates/{id}` for a user template (snapshots share the route; see `api`).

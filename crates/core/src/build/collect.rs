@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Builds kept per template (newest first), with their logs; older ones are forgotten.
-const BUILDS_KEPT: usize = 10;
+pub const BUILDS_KEPT: usize = 10;
 
 /// How long an image's layer blob is kept after a pull last used it. Images' layers live on as
 /// unpacked layers while a template uses them; the blobs only spare a rebuild the download.
@@ -40,36 +40,20 @@ impl Builder {
     pub async fn collect_garbage(&self, others: &[Store]) -> Result<Collected, BuildError> {
         let mut done = Collected::default();
         self.store.prune_builds(BUILDS_KEPT)?;
-        let (mut templates, mut in_use, mut template_ids) =
-            (Vec::new(), HashSet::new(), HashSet::new());
-        for store in std::iter::once(self.store.as_ref()).chain(others) {
-            templates.extend(store.templates()?);
-            in_use.extend(store.sandboxes()?.into_iter().map(|s| s.rootfs));
-            in_use.extend(store.snapshots()?.into_iter().map(|s| s.rootfs));
+        let stores: Vec<&Store> = std::iter::once(self.store.as_ref()).chain(others).collect();
+        let InUse {
+            rootfs: in_use,
+            layers,
+            chains_known,
+        } = self.in_use(&stores)?;
+        let mut template_ids = HashSet::new();
+        for store in &stores {
             template_ids.extend(
                 store
                     .user_templates()?
                     .into_iter()
                     .map(|t| t.id.to_string()),
             );
-        }
-        in_use.extend(templates.iter().map(|t| t.rootfs.clone()));
-
-        // The layers under every rootfs in use: a template's are in its record; an older
-        // build's (that a sandbox still runs on) were recorded when it was mounted.
-        let mut layers: HashSet<PathBuf> =
-            templates.iter().flat_map(|t| t.layers.clone()).collect();
-        let mut chains_known = true;
-        let named: HashSet<&PathBuf> = templates.iter().map(|t| &t.rootfs).collect();
-        for rootfs in in_use.iter().filter(|r| !named.contains(r)) {
-            if !rootfs.starts_with(self.layers.mounts_dir()) {
-                continue;
-            }
-            match self.layers.chain_of(rootfs) {
-                Some(chain) => layers.extend(chain),
-                // Mounted before chains were recorded: which layers it needs is unknown.
-                None => chains_known = false,
-            }
         }
 
         let mounts: HashSet<PathBuf> = entries(self.layers.mounts_dir())
@@ -93,6 +77,7 @@ impl Builder {
                     .is_some_and(|n| n.to_string_lossy().starts_with('.'));
                 if !hidden && !layers.contains(&layer) {
                     remove(&layer, &mut done).await?;
+                    self.store.forget_layer(&layer)?;
                     done.layers += 1;
                 }
             }
@@ -126,15 +111,72 @@ impl Builder {
             }
         }
 
-        // COPY uploads of templates that no longer exist.
+        // COPY uploads of templates that no longer exist, then the archives no template's
+        // upload names; and the uploads as they were kept before they were filed by digest.
         template_ids.extend(KNOWN_TEMPLATES.iter().map(|t| t.to_string()));
-        for dir in entries(self.uploads.root()) {
+        for dir in entries(self.uploads.records_root()) {
             let name = dir.file_name().unwrap_or_default().to_string_lossy();
             if !template_ids.contains(name.as_ref()) {
                 remove(&dir, &mut done).await?;
             }
         }
+        let named: HashSet<String> = entries(self.uploads.records_root())
+            .iter()
+            .flat_map(|dir| entries(dir))
+            .filter_map(|record| std::fs::read_to_string(record).ok())
+            .map(|digest| digest.trim().to_owned())
+            .collect();
+        for blob in entries(self.uploads.blobs_dir()) {
+            let name = blob.file_name().unwrap_or_default().to_string_lossy();
+            if !named.contains(name.as_ref()) {
+                remove(&blob, &mut done).await?;
+            }
+        }
+        remove(&self.templates_dir.join("uploads"), &mut done).await?;
         Ok(done)
+    }
+}
+
+/// What the stores' templates, sandboxes and snapshots run on.
+pub(super) struct InUse {
+    /// Every root filesystem in use.
+    pub rootfs: HashSet<PathBuf>,
+    /// The layers under them.
+    pub layers: HashSet<PathBuf>,
+    /// `false` if a rootfs was mounted before its chain was recorded: then which layers it
+    /// needs is unknown, and none may go.
+    pub chains_known: bool,
+}
+
+impl Builder {
+    pub(super) fn in_use(&self, stores: &[&Store]) -> Result<InUse, BuildError> {
+        let (mut templates, mut rootfs) = (Vec::new(), HashSet::new());
+        for store in stores {
+            templates.extend(store.templates()?);
+            rootfs.extend(store.sandboxes()?.into_iter().map(|s| s.rootfs));
+            rootfs.extend(store.snapshots()?.into_iter().map(|s| s.rootfs));
+        }
+        // The layers under every rootfs in use: a template's are in its record; an older
+        // build's (that a sandbox still runs on) were recorded when it was mounted.
+        let mut layers: HashSet<PathBuf> =
+            templates.iter().flat_map(|t| t.layers.clone()).collect();
+        let mut chains_known = true;
+        let named: HashSet<&PathBuf> = templates.iter().map(|t| &t.rootfs).collect();
+        for fs in rootfs.iter().filter(|r| !named.contains(r)) {
+            if !fs.starts_with(self.layers.mounts_dir()) {
+                continue;
+            }
+            match self.layers.chain_of(fs) {
+                Some(chain) => layers.extend(chain),
+                None => chains_known = false,
+            }
+        }
+        rootfs.extend(templates.iter().map(|t| t.rootfs.clone()));
+        Ok(InUse {
+            rootfs,
+            layers,
+            chains_known,
+        })
     }
 }
 

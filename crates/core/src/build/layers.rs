@@ -5,7 +5,9 @@
 //! as lower directories, and a fresh directory as the upper one. Whatever the step writes,
 //! deletes (a whiteout) or changes lands in that upper directory, which becomes the layer at
 //! `{root}/{key}` by one rename once the step has succeeded: a layer is either whole or absent.
-//! Templates built on the same layers share them on disk.
+//! Templates built on the same layers share them on disk, so a kept layer never changes: a
+//! forced step makes a layer under a new key, and a layer is removed only by the collection at
+//! start, once nothing names it.
 
 use super::copy::{ARCHIVE, INBOX};
 use super::BuildError;
@@ -99,7 +101,7 @@ impl Layers {
             let partial = self
                 .root
                 .join(format!(".work-{SCRATCH}-{:016x}", rand::random::<u64>()));
-            let made = make_scratch(&partial).and_then(|()| std::fs::rename(&partial, &layer));
+            let made = make_scratch(&partial).and_then(|()| rename_new(&partial, &layer));
             if let Err(e) = made {
                 let _ = std::fs::remove_dir_all(&partial);
                 // Another build may have made it at the same moment: theirs is the same.
@@ -127,10 +129,13 @@ impl Layers {
             .await
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let made = make(root.clone()).await;
+        let layer = self.layer(key);
         let kept = match made {
-            Ok(()) => tokio::fs::rename(&root, self.layer(key))
-                .await
-                .map_err(|e| format!("keeping layer {key}: {e}")),
+            Ok(()) => match rename_new(&root, &layer) {
+                // Another build made it meanwhile: theirs stays.
+                Err(_) if layer.is_dir() => Ok(()),
+                kept => kept.map_err(|e| format!("keeping layer {key}: {e}")),
+            },
             Err(e) => Err(e),
         };
         discard(dir).await?;
@@ -138,7 +143,8 @@ impl Layers {
     }
 
     /// Unmounts the step and keeps what it wrote as layer `key`, without the files the host
-    /// handed it (see [`Layers::mount_step`]).
+    /// handed it (see [`Layers::mount_step`]). If another build made layer `key` meanwhile
+    /// (from the same inputs), that one stays and this one goes.
     pub async fn keep(&self, step: StepMount, key: &str) -> Result<PathBuf, BuildError> {
         unmount(&step.merged).await?;
         let inbox = step.dir.join("upper").join(INBOX);
@@ -148,13 +154,11 @@ impl Layers {
             remove_all(&inbox).await?;
         }
         let layer = self.layer(key);
-        // A forced step replaces the layer it had made before.
-        if layer.exists() {
-            remove_all(&layer).await?;
+        if let Err(e) = rename_new(&step.dir.join("upper"), &layer) {
+            if !layer.is_dir() {
+                return Err(BuildError::io(format!("keeping layer {key}"))(e));
+            }
         }
-        tokio::fs::rename(step.dir.join("upper"), &layer)
-            .await
-            .map_err(BuildError::io(format!("keeping layer {key}")))?;
         remove_all(&step.dir).await?;
         Ok(layer)
     }
@@ -173,6 +177,21 @@ impl Layers {
             remove_all(dir).await?;
         }
         Ok(())
+    }
+
+    /// Takes `layer` out of the cache at once (a rename, so no build finds it after this),
+    /// for [`Layers::remove_aside`] to remove. What is set aside and not removed (the server
+    /// stopped) goes with the next start's sweep.
+    pub fn set_aside(&self, layer: &Path) -> std::io::Result<PathBuf> {
+        let aside = self
+            .root
+            .join(format!(".work-aside-{:016x}", rand::random::<u64>()));
+        std::fs::rename(layer, &aside)?;
+        Ok(aside)
+    }
+
+    pub async fn remove_aside(&self, aside: &Path) -> Result<(), BuildError> {
+        remove_all(aside).await
     }
 
     /// Removes what builds that were under way when the server stopped left behind.
@@ -290,10 +309,11 @@ fn option_path(path: &Path) -> Result<&str, BuildError> {
 }
 
 async fn mount_overlay(options: &str, target: &Path) -> Result<(), BuildError> {
+    // Nothing on the host runs or opens devices from a template: its files are for sandboxes.
     let mut mount = Command::new("mount");
     mount
         .args(["-t", "overlay", "overlay", "-o"])
-        .arg(options)
+        .arg(format!("nosuid,nodev,{options}"))
         .arg(target);
     run(mount, "mounting a template's layers").await
 }
@@ -325,6 +345,13 @@ async fn run(mut cmd: Command, what: &str) -> Result<(), BuildError> {
             String::from_utf8_lossy(&out.stderr).trim()
         )))
     }
+}
+
+/// Renames `from` to `to` unless something is at `to` already (`RENAME_NOREPLACE`): a layer,
+/// once there, is never replaced.
+fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{renameat2, RenameFlags};
+    renameat2(None, from, None, to, RenameFlags::RENAME_NOREPLACE).map_err(std::io::Error::from)
 }
 
 async fn remove_all(dir: &Path) -> Result<(), BuildError> {

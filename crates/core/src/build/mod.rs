@@ -6,7 +6,9 @@
 //! built-in; golden images and pools then take it up.
 //!
 //! Builds take turns ([`BuildOptions::at_once`]), so that they never take the cores the
-//! running sandboxes need.
+//! running sandboxes need, shared fairly between keys (see [`queue`]); each has a deadline and
+//! can be cancelled (see [`stop`]). What one key's builds may keep on disk is bounded (see
+//! [`Builder::storage_of`]).
 
 mod collect;
 pub mod copy;
@@ -14,22 +16,30 @@ pub mod debian;
 pub mod image;
 pub mod layers;
 mod pull_guard;
+pub mod queue;
+mod quota;
 mod run;
+pub mod stop;
 pub mod uploads;
 
 use crate::driver::{Driver, DriverError, Resources};
 use crate::ids::TemplateName;
 use crate::lifecycle::{AgentClient, Lifecycle};
 use crate::store::{BuildStatus, LogEntry, LogLevel, Store, StoreError, TemplateRecord};
-pub use collect::Collected;
+pub use collect::{Collected, BUILDS_KEPT};
 use layers::Layers;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use stop::Stop;
 
 /// Log entries kept per build; the output past them is counted, and its tail kept for errors.
 pub const MAX_LOG_ENTRIES: u64 = 20_000;
+/// Bytes of log text kept per build (lines are cut at [`MAX_LOG_LINE`]).
+pub const MAX_LOG_BYTES: u64 = 4 << 20;
+/// The longest log line kept; a longer one is cut, with a note.
+pub const MAX_LOG_LINE: usize = 4096;
 
 /// What to build: a base and the steps on top of it.
 #[derive(Debug, Clone)]
@@ -113,7 +123,12 @@ pub struct Builder {
     /// `COPY` steps' archives, and the links they are uploaded to.
     pub uploads: uploads::Uploads,
     registries: image::Registries,
-    turns: Semaphore,
+    queue: Arc<queue::Queue>,
+    /// How to stop each build that is waiting or running, by build id.
+    stops: Mutex<HashMap<String, Stop>>,
+    /// The layers each running build stands on (see [`quota`]).
+    claims: Mutex<HashMap<String, Vec<PathBuf>>>,
+    limits: BuildLimits,
     /// Where layers are written, and how much of its disk a step must leave free.
     templates_dir: PathBuf,
     min_free_bytes: u64,
@@ -135,11 +150,29 @@ pub struct BuildOptions {
     /// Whether the agent binary runs in any root filesystem. A dynamically linked one (a plain
     /// `cargo build`) needs the host's loader and libc, which an image need not have.
     pub agent_is_static: bool,
+    pub limits: BuildLimits,
+}
+
+/// What one build, and one key's builds, may take.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildLimits {
+    /// How long a whole build may run, from its turn to its golden image.
+    pub timeout: Duration,
+    /// Builds one key may have waiting or running at once.
+    pub per_key: usize,
+    /// The disk one key's templates may take: the layers its builds made that a template
+    /// still uses, and its `COPY` uploads.
+    pub storage_bytes_per_key: u64,
+    /// Templates one key may have.
+    pub templates_per_key: usize,
 }
 
 /// One build to run: the store has its row (status `waiting`).
 pub struct BuildJob {
     pub build_id: String,
+    /// The key whose build it is; `None` for the server's own built-in templates. A key's
+    /// `RUN` and `COPY` layers are its own (see `run.rs`), and its builds take its turns.
+    pub owner: Option<String>,
     /// The template it builds: what its layers' mounts and COPY uploads are filed under.
     pub template_id: TemplateName,
     /// What the finished build is recorded as in the store's templates: a built-in's name, or
@@ -170,9 +203,12 @@ impl Builder {
             agent,
             lifecycle,
             layers: Layers::new(templates_dir),
-            uploads: uploads::Uploads::new(templates_dir),
+            uploads: uploads::Uploads::new(templates_dir, options.min_free_bytes),
             registries: image::Registries::new(templates_dir, reach),
-            turns: Semaphore::new(options.at_once.max(1)),
+            queue: queue::Queue::new(options.at_once, options.limits.per_key),
+            stops: Mutex::default(),
+            claims: Mutex::default(),
+            limits: options.limits,
             templates_dir: templates_dir.to_owned(),
             min_free_bytes: options.min_free_bytes,
             step_timeout: options.step_timeout,
@@ -220,22 +256,88 @@ impl Builder {
         }
     }
 
-    /// Runs the build in the background, when its turn comes.
-    pub fn start(self: &Arc<Self>, job: BuildJob) {
+    /// Puts the build in its key's line and runs it in the background when its turn comes;
+    /// refused when the key has its most builds waiting or running already.
+    pub fn start(self: &Arc<Self>, job: BuildJob) -> Result<(), queue::TooManyBuilds> {
+        let place = self.queue.join(owner_of(&job), &job.build_id)?;
+        let stop = self.watch(&job.build_id);
         let builder = self.clone();
         tokio::spawn(async move {
-            let _ = builder.build(&job, None).await;
+            let _ = builder.build_in_line(&job, place, stop, None).await;
         });
+        Ok(())
     }
 
     /// Runs the build when its turn comes, and records how it ended. With `echo`, every line
     /// of its log is also printed, after that prefix (the server's own built-in templates).
     pub async fn build(&self, job: &BuildJob, echo: Option<&str>) -> Result<(), Failure> {
-        let _turn = self.turns.acquire().await;
+        let place = self
+            .queue
+            .join(owner_of(job), &job.build_id)
+            .map_err(|e| Failure {
+                message: e.to_string(),
+                step: Some("base".into()),
+            })?;
+        let stop = self.watch(&job.build_id);
+        self.build_in_line(job, place, stop, echo).await
+    }
+
+    /// Stops build `build` if it is waiting or running: `false` if it is neither.
+    pub fn cancel(&self, build: &str) -> bool {
+        let stops = self.stops.lock().unwrap_or_else(|e| e.into_inner());
+        stops.get(build).map(Stop::cancel).is_some()
+    }
+
+    /// Builds of `key` waiting or running.
+    pub fn builds_of(&self, key: &str) -> usize {
+        self.queue.of_key(key)
+    }
+
+    pub fn limits(&self) -> BuildLimits {
+        self.limits
+    }
+
+    fn watch(&self, build: &str) -> Stop {
+        let stop = Stop::new(self.limits.timeout);
+        let mut stops = self.stops.lock().unwrap_or_else(|e| e.into_inner());
+        stops.insert(build.to_owned(), stop.clone());
+        stop
+    }
+
+    async fn build_in_line(
+        &self,
+        job: &BuildJob,
+        place: queue::Place,
+        mut stop: Stop,
+        echo: Option<&str>,
+    ) -> Result<(), Failure> {
         let id = &job.build_id;
         let mut log = BuildLog::new(self.store.clone(), id.clone());
         log.echo = echo.map(|prefix| (prefix.to_owned(), std::time::Instant::now()));
-        let result = self.run(job, &log).await;
+        let waiting = stop.clone();
+        let result = tokio::select! {
+            turn = place.turn() => {
+                stop.started();
+                let result = self.run(job, &log, &stop).await;
+                drop(turn);
+                result
+            }
+            () = waiting.cancelled() => Err(Failure {
+                message: stop::CANCELLED.into(),
+                step: None,
+            }),
+        };
+        self.stops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        self.release_claims(id);
+        if let Some(owner) = &job.owner {
+            // What a failed build made is unused now: it goes first if the key is over.
+            if let Err(e) = self.make_room(owner, self.limits.storage_bytes_per_key).await {
+                tracing::warn!(build = %id, error = %e, "freeing a key's unused layers failed");
+            }
+        }
         let outcome = match &result {
             Ok(()) => self
                 .store
@@ -255,6 +357,12 @@ impl Builder {
         }
         result
     }
+
+}
+
+/// Whose turns a build takes: its key's, or the server's own for a built-in.
+fn owner_of(job: &BuildJob) -> &str {
+    job.owner.as_deref().unwrap_or("")
 }
 
 /// Why a build failed, as E2B's SDK shows it: a message and the step (`base`, 1-based, or
@@ -265,11 +373,14 @@ pub struct Failure {
     pub step: Option<String>,
 }
 
-/// A build's log in the store, capped at [`MAX_LOG_ENTRIES`].
+/// A build's log in the store, capped at [`MAX_LOG_ENTRIES`] lines and [`MAX_LOG_BYTES`].
 pub(crate) struct BuildLog {
     store: Arc<Store>,
     build: String,
     written: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+    /// The log is full, and says so.
+    full: std::sync::atomic::AtomicBool,
     /// Also print each line, after this prefix and the time since this instant.
     echo: Option<(String, std::time::Instant)>,
 }
@@ -280,21 +391,28 @@ impl BuildLog {
             store,
             build,
             written: 0.into(),
+            bytes: 0.into(),
+            full: false.into(),
             echo: None,
         }
     }
 
     pub fn write(&self, level: LogLevel, step: Option<String>, message: &str) {
         use std::sync::atomic::Ordering;
+        let message = cut_line(message);
         let n = self.written.fetch_add(1, Ordering::Relaxed);
-        let message = match n.cmp(&MAX_LOG_ENTRIES) {
-            std::cmp::Ordering::Less => message.to_owned(),
-            std::cmp::Ordering::Equal => {
+        let bytes = self
+            .bytes
+            .fetch_add(message.len() as u64, Ordering::Relaxed);
+        let full = n >= MAX_LOG_ENTRIES || bytes >= MAX_LOG_BYTES;
+        let message = match (full, level) {
+            (false, _) => message,
+            // Errors still get in: they say why the build ended.
+            (true, LogLevel::Error) => message,
+            (true, _) if self.note_full() => {
                 "(the build's log is full: later output is not kept)".into()
             }
-            // Errors still get in: they say why the build ended.
-            std::cmp::Ordering::Greater if level == LogLevel::Error => message.to_owned(),
-            std::cmp::Ordering::Greater => return,
+            (true, _) => return,
         };
         if let Some((prefix, since)) = &self.echo {
             let step = step.as_deref().unwrap_or("");
@@ -311,6 +429,25 @@ impl BuildLog {
             tracing::warn!(build = %self.build, error = %e, "writing the build log failed");
         }
     }
+
+    /// Whether this is the first line past a cap: that one says the log is full.
+    fn note_full(&self) -> bool {
+        !self
+            .full
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A line no longer than [`MAX_LOG_LINE`] bytes, cut at a character boundary with a note.
+fn cut_line(message: &str) -> String {
+    if message.len() <= MAX_LOG_LINE {
+        return message.to_owned();
+    }
+    let mut end = MAX_LOG_LINE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} … ({} bytes cut)", &message[..end], message.len() - end)
 }
 
 fn now() -> i64 {

@@ -3,6 +3,7 @@
 use super::copy::{ARCHIVE, INBOX};
 use super::image::ImageSource;
 use super::layers::StepMount;
+use super::stop::Stop;
 use super::{BuildBase, BuildJob, BuildLog, Builder, Failure, StepKind};
 use crate::driver::{LaunchSpec, RootfsWrites, AGENT_PATH};
 use crate::egress::Egress;
@@ -21,6 +22,12 @@ const TAIL_LINES: usize = 15;
 
 /// One step that makes a layer: what it runs, and the key its layer is cached under.
 struct LayerStep<'a> {
+    /// Whose layer it is: a key's `RUN` and `COPY` steps make layers only that key's builds
+    /// reuse (what a command wrote may hold secrets it made, and whether a layer is cached
+    /// would tell one key what another built). `None`: a layer any build may share, made by
+    /// the server's own tools from inputs named by their digests (an image's layers, the
+    /// provisioning), or a built-in template's step.
+    owner: Option<&'a str>,
     /// The step's label in the log (`1`, `2`, … or `base`).
     label: &'a str,
     /// The step as its failure names it.
@@ -60,7 +67,12 @@ struct Progress {
 }
 
 impl Builder {
-    pub(super) async fn run(&self, job: &BuildJob, log: &BuildLog) -> Result<(), Failure> {
+    pub(super) async fn run(
+        &self,
+        job: &BuildJob,
+        log: &BuildLog,
+        stop: &Stop,
+    ) -> Result<(), Failure> {
         let started = Instant::now();
         self.store
             .set_build_status(&job.build_id, BuildStatus::Building, None, super::now())
@@ -86,8 +98,8 @@ impl Builder {
                     rebuilding: job.definition.force,
                 }
             }
-            BuildBase::Image(source) => self.image_base(job, source, log).await?,
-            BuildBase::Debian { suite } => self.debian_base(job, suite, log).await?,
+            BuildBase::Image(source) => self.image_base(job, source, log, stop).await?,
+            BuildBase::Debian { suite } => self.debian_base(job, suite, log, stop).await?,
         };
         let total = job.definition.steps.len();
         for (i, step) in job.definition.steps.iter().enumerate() {
@@ -97,6 +109,12 @@ impl Builder {
                 Some(label.clone()),
                 &format!("[{}/{total}] {}", i + 1, describe(&step.kind)),
             );
+            if let Some(reason) = stop.reason() {
+                return Err(Failure {
+                    message: reason,
+                    step: Some(label),
+                });
+            }
             let (command, archive, inputs) = match &step.kind {
                 StepKind::Env(pairs) => {
                     progress.context.env.extend(pairs.iter().cloned());
@@ -122,24 +140,42 @@ impl Builder {
                         logged: false,
                         access_token: None,
                     };
-                    (run, None, "")
+                    (run, None, String::new())
                 }
-                StepKind::Copy(copy) => (
-                    self.as_root(Program::Shell(copy.script(&progress.context))),
-                    Some(self.uploads.archive(&job.template_id, &copy.files_hash)),
-                    copy.files_hash.as_str(),
-                ),
+                StepKind::Copy(copy) => {
+                    // Checked even when the layer is cached: a COPY's archive is kept per
+                    // template, so a build that names files it never uploaded gets nothing.
+                    let archive = self
+                        .uploads
+                        .archive(&job.template_id, &copy.files_hash)
+                        .ok_or_else(|| Failure {
+                            message: format!(
+                                "step {label} ({}): its files were never uploaded; build again",
+                                describe(&step.kind)
+                            ),
+                            step: Some(label.clone()),
+                        })?;
+                    // The layer is keyed by the digest of the bytes the server received,
+                    // never by the hash the client claimed for them.
+                    (
+                        self.as_root(Program::Shell(copy.script(&progress.context))),
+                        Some(archive.path),
+                        archive.digest,
+                    )
+                }
             };
             let shown = describe(&step.kind);
             let work = LayerStep {
+                owner: job.owner.as_deref(),
                 label: &label,
                 shown: &shown,
                 command,
                 archive,
-                inputs,
+                inputs: &inputs,
                 force: step.force,
             };
-            self.layer_step(job, &mut progress, work, log).await?;
+            self.layer_step(job, &mut progress, work, log, stop)
+                .await?;
         }
         log.write(
             LogLevel::Info,
@@ -184,6 +220,7 @@ impl Builder {
         job: &BuildJob,
         source: &ImageSource,
         log: &BuildLog,
+        stop: &Stop,
     ) -> Result<Progress, Failure> {
         let at_base = |message: String| Failure {
             message,
@@ -199,7 +236,12 @@ impl Builder {
         }
         let note = |line: String| log.write(LogLevel::Info, Some("base".into()), &line);
         note(format!("FROM image {}", source.reference));
-        let image = self.registries.pull(source, &note).await.map_err(at_base)?;
+        // A pull leaves nothing behind when it is dropped half-way (its downloads are
+        // partial files that the next pull or collection removes).
+        let image = tokio::select! {
+            image = self.registries.pull(source, &note) => image.map_err(at_base)?,
+            reason = stop.stopped() => return Err(at_base(reason)),
+        };
         let scratch = self.layers.scratch().map_err(failed_at("base"))?;
         let mut progress = Progress {
             chain: vec![scratch.clone()],
@@ -218,6 +260,7 @@ impl Builder {
         for (digest, blob) in image.layers {
             let shown = format!("layer {digest}");
             let work = LayerStep {
+                owner: None,
                 label: "base",
                 shown: &shown,
                 command: self.exec_as_root(&[AGENT_PATH, "unpack-layer", &inbox, "/"]),
@@ -225,9 +268,10 @@ impl Builder {
                 inputs: &digest,
                 force: false,
             };
-            self.layer_step(job, &mut progress, work, log).await?;
+            self.layer_step(job, &mut progress, work, log, stop)
+                .await?;
         }
-        self.provision(job, &mut progress, log).await?;
+        self.provision(job, &mut progress, log, stop).await?;
         Ok(progress)
     }
 
@@ -239,6 +283,7 @@ impl Builder {
         job: &BuildJob,
         suite: &str,
         log: &BuildLog,
+        stop: &Stop,
     ) -> Result<Progress, Failure> {
         let note = |line: String| log.write(LogLevel::Info, Some("base".into()), &line);
         let mirror = super::debian::host_mirror(suite);
@@ -273,7 +318,7 @@ impl Builder {
             },
             rebuilding: job.definition.force,
         };
-        self.provision(job, &mut progress, log).await?;
+        self.provision(job, &mut progress, log, stop).await?;
         Ok(progress)
     }
 
@@ -283,11 +328,13 @@ impl Builder {
         job: &BuildJob,
         progress: &mut Progress,
         log: &BuildLog,
+        stop: &Stop,
     ) -> Result<(), Failure> {
         let inbox = format!("/{INBOX}/{ARCHIVE}");
         let ca = Path::new(HOST_CA_BUNDLE);
         let ca_hash = std::fs::read(ca).map(|b| hex::encode(Sha256::digest(b)));
         let work = LayerStep {
+            owner: None,
             label: "base",
             shown: "adding the user account, sudo and the CA bundle",
             command: match ca_hash {
@@ -298,7 +345,7 @@ impl Builder {
             inputs: &format!("{PROVISION_FORMAT}:{}", ca_hash.unwrap_or_default()),
             force: false,
         };
-        self.layer_step(job, progress, work, log).await
+        self.layer_step(job, progress, work, log, stop).await
     }
 
     /// A tool of ours, run as root in `/` with no environment of the template's.
@@ -326,33 +373,28 @@ impl Builder {
         progress: &mut Progress,
         work: LayerStep<'_>,
         log: &BuildLog,
+        stop: &Stop,
     ) -> Result<(), Failure> {
-        let key = hash(&[
-            STEP_FORMAT,
-            &progress.key,
-            &serde_json::to_string(&command_key(&work.command)).unwrap_or_default(),
-            work.inputs,
-        ]);
-        progress.rebuilding |= work.force;
-        // Checked even when the layer is cached: layers are shared between keys, and a COPY's
-        // archive is kept per template, so a key that names another key's files hash without
-        // having uploaded the files must not get them from the cache.
-        if let Some(archive) = work.archive.as_deref().filter(|a| !a.is_file()) {
-            return Err(Failure {
-                message: format!(
-                    "step {} ({}): its files were never uploaded (no {}); build again",
-                    work.label,
-                    work.shown,
-                    archive.display()
-                ),
-                step: Some(work.label.into()),
-            });
+        let command = serde_json::to_string(&command_key(&work.command)).unwrap_or_default();
+        let mut parts = vec![STEP_FORMAT, &progress.key, &command, work.inputs];
+        let scope;
+        if let Some(owner) = work.owner {
+            scope = format!("owner:{owner}");
+            parts.push(&scope);
         }
-        if !progress.rebuilding && self.layers.has(&key) {
+        let mut key = hash(&parts);
+        progress.rebuilding |= work.force;
+        if !progress.rebuilding && self.claim_cached(&job.build_id, &key) {
             log.write(LogLevel::Info, Some(work.label.into()), "CACHED");
         } else {
+            if self.layers.has(&key) {
+                // A forced step makes a new layer beside the cached one, which stays as it
+                // is for the templates and sandboxes built on it: layers never change.
+                key = hash(&[&key, "rebuilt", &job.build_id, work.label]);
+            }
             let started = Instant::now();
-            self.run_step(job, &progress.chain, &work, &key, log)
+            let made = self
+                .run_step(job, &progress.chain, &work, &key, log, stop)
                 .await?;
             progress.rebuilding = true;
             log.write(
@@ -360,10 +402,41 @@ impl Builder {
                 Some(work.label.into()),
                 &format!("done in {:.1} s", started.elapsed().as_secs_f64()),
             );
+            self.account(job, &made, work.label).await?;
         }
         progress.chain.push(self.layers.layer(&key));
         progress.key = key;
         Ok(())
+    }
+
+    /// Puts a layer the build made on its key's account (see [`super::quota`]), and fails the
+    /// build once the key's templates would take more than its share of the disk, after
+    /// letting go of what the key no longer uses.
+    async fn account(&self, job: &BuildJob, layer: &Path, label: &str) -> Result<(), Failure> {
+        self.claim(&job.build_id, layer);
+        let Some(owner) = &job.owner else {
+            return Ok(());
+        };
+        let bytes = crate::disk_usage::bytes_on_disk(layer).unwrap_or(0);
+        let fail = failed_at(label);
+        self.store
+            .record_layer(layer, owner, bytes)
+            .map_err(|e| fail(e.into()))?;
+        let limit = self.limits.storage_bytes_per_key;
+        let used = self.make_room(owner, limit).await.map_err(&fail)?;
+        if used <= limit {
+            return Ok(());
+        }
+        Err(Failure {
+            message: format!(
+                "this API key's templates would take {} MiB, more than the {} MiB a key may \
+                 keep (`airlock serve --key-max-template-storage-mb`): delete templates it no \
+                 longer needs",
+                used >> 20,
+                limit >> 20
+            ),
+            step: Some(label.into()),
+        })
     }
 
     /// Runs one step's command in a sandbox over the layers so far; its writes become a layer.
@@ -374,7 +447,8 @@ impl Builder {
         work: &LayerStep<'_>,
         key: &str,
         log: &BuildLog,
-    ) -> Result<(), Failure> {
+        stop: &Stop,
+    ) -> Result<PathBuf, Failure> {
         let label = work.label;
         let fail = |message: String| Failure {
             message,
@@ -385,13 +459,12 @@ impl Builder {
             .mount_step(chain, &job.build_id, work.archive.as_deref())
             .await
             .map_err(|e| fail(e.to_string()))?;
-        let outcome = self.run_in_sandbox(job, &mount, work, log).await;
+        let outcome = self.run_in_sandbox(job, &mount, work, log, stop).await;
         match outcome {
             Ok(()) => self
                 .layers
                 .keep(mount, key)
                 .await
-                .map(drop)
                 .map_err(|e| fail(e.to_string())),
             Err(message) => {
                 if let Err(e) = self.layers.discard(mount).await {
@@ -409,6 +482,7 @@ impl Builder {
         mount: &StepMount,
         work: &LayerStep<'_>,
         log: &BuildLog,
+        stop: &Stop,
     ) -> Result<(), String> {
         let (command, label) = (&work.command, work.label);
         let spec = LaunchSpec {
@@ -445,6 +519,7 @@ impl Builder {
         let result = tokio::select! {
             result = run => result.map_err(|e| e.to_string()),
             low = self.disk_runs_low() => Err(low),
+            reason = stop.stopped() => Err(reason),
         };
         if let Err(e) = self.driver.destroy(&spec.id, placement.slot).await {
             tracing::warn!(build = %job.build_id, error = %e, "removing a build sandbox failed");
@@ -550,7 +625,7 @@ fn with_host_ca(env: Vec<(String, String)>) -> BTreeMap<String, String> {
 }
 
 /// Turns a host-side error into the build's failure at `step` (`base` or `finalize`).
-fn failed_at(step: &'static str) -> impl FnOnce(super::BuildError) -> Failure {
+fn failed_at(step: &str) -> impl Fn(super::BuildError) -> Failure + '_ {
     move |e| Failure {
         message: e.to_string(),
         step: Some(step.to_owned()),

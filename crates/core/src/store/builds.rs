@@ -10,6 +10,7 @@ use super::{Store, StoreError, TemplateRecord};
 use crate::ids::TemplateName;
 use crate::template::KNOWN_TEMPLATES;
 use rusqlite::{params, OptionalExtension, Row};
+use std::path::{Path, PathBuf};
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS user_templates (
@@ -39,6 +40,11 @@ CREATE TABLE IF NOT EXISTS build_logs (
     step TEXT,
     message TEXT NOT NULL,
     PRIMARY KEY (build_id, seq)
+);
+CREATE TABLE IF NOT EXISTS build_layers (
+    path TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    bytes INTEGER NOT NULL
 );
 ";
 
@@ -202,17 +208,6 @@ impl Store {
         row.map(parse_user_template).transpose()
     }
 
-    /// Public templates of that alias, oldest first.
-    pub fn public_templates_by_alias(&self, alias: &str) -> Result<Vec<UserTemplate>, StoreError> {
-        let conn = self.conn();
-        let sql = format!(
-            "SELECT {USER_TEMPLATE_COLUMNS} WHERE alias = ?1 AND public = 1 ORDER BY created_at"
-        );
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(params![alias], user_template)?;
-        rows.map(|r| parse_user_template(r?)).collect()
-    }
-
     pub fn user_templates(&self) -> Result<Vec<UserTemplate>, StoreError> {
         let conn = self.conn();
         let sql = format!("SELECT {USER_TEMPLATE_COLUMNS} ORDER BY created_at");
@@ -342,11 +337,22 @@ impl Store {
     /// their logs and root filesystems' records (collection then removes their files, unless a
     /// sandbox or snapshot still uses them).
     pub fn prune_builds(&self, keep: usize) -> Result<(), StoreError> {
+        self.prune(None, keep)
+    }
+
+    /// [`Store::prune_builds`] for one template (as a new build of it starts, so that a key
+    /// that builds one template again and again keeps no more records and logs than `keep`).
+    pub fn prune_builds_of(&self, template: &TemplateName, keep: usize) -> Result<(), StoreError> {
+        self.prune(Some(template.as_str()), keep)
+    }
+
+    fn prune(&self, template: Option<&str>, keep: usize) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let old = "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY template_id
-                     ORDER BY created_at DESC, rowid DESC) AS n FROM template_builds)
-                   WHERE n > ?1 AND id NOT IN (SELECT build_id FROM template_tags)";
+        let old = "SELECT id FROM (SELECT id, template_id, ROW_NUMBER() OVER (PARTITION BY
+                     template_id ORDER BY created_at DESC, rowid DESC) AS n FROM template_builds)
+                   WHERE n > ?1 AND (?2 IS NULL OR template_id = ?2)
+                     AND id NOT IN (SELECT build_id FROM template_tags)";
         for rows in [
             "build_logs WHERE build_id",
             "templates WHERE name",
@@ -354,7 +360,7 @@ impl Store {
         ] {
             tx.execute(
                 &format!("DELETE FROM {rows} IN ({old})"),
-                params![keep as i64],
+                params![keep as i64, template],
             )?;
         }
         tx.commit()?;
@@ -387,6 +393,38 @@ impl Store {
             conn.prepare("SELECT id FROM template_builds WHERE status IN ('waiting', 'building')")?;
         let rows = stmt.query_map([], |row| row.get(0))?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Records that `owner`'s build made layer `path` of `bytes` (the first maker of a shared
+    /// layer keeps it on its account).
+    pub fn record_layer(&self, path: &Path, owner: &str, bytes: u64) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR IGNORE INTO build_layers (path, owner, bytes) VALUES (?1, ?2, ?3)",
+            params![path.to_string_lossy(), owner, bytes as i64],
+        )?;
+        Ok(())
+    }
+
+    /// The layers `owner`'s builds made, with their sizes.
+    pub fn layers_of(&self, owner: &str) -> Result<Vec<(PathBuf, u64)>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT path, bytes FROM build_layers WHERE owner = ?1")?;
+        let rows = stmt.query_map(params![owner], |row| {
+            Ok((
+                PathBuf::from(row.get::<_, String>(0)?),
+                row.get::<_, i64>(1)?.max(0) as u64,
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Forgets a layer that was removed from disk.
+    pub fn forget_layer(&self, path: &Path) -> Result<(), StoreError> {
+        self.conn().execute(
+            "DELETE FROM build_layers WHERE path = ?1",
+            params![path.to_string_lossy()],
+        )?;
+        Ok(())
     }
 
     pub fn append_build_log(&self, build: &str, entry: &LogEntry) -> Result<(), StoreError> {
@@ -428,23 +466,28 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// The user template that `name` means to `owner` (`None`: no key): its own (by id or
-    /// alias), else a public one (by id or alias); never another key's private template.
+    /// The user template that `name` means to `owner` (`None`: no key). A bare name is the
+    /// owner's own (by alias or id), else a public template by its id, which the server made
+    /// and no key chooses. Another key's public template is named with its owner's namespace,
+    /// `{key id}/{alias}` (E2B's `team/name`): a bare alias never reaches another key's
+    /// template, so no key can publish a name that shadows one of another key's names.
+    /// Never another key's private template.
     pub fn user_template_named(
         &self,
         owner: Option<&str>,
         name: &str,
     ) -> Result<Option<UserTemplate>, StoreError> {
         let visible = |t: &UserTemplate| t.public || Some(t.owner.as_str()) == owner;
-        if let Some(t) = self.user_template(name)? {
-            return Ok(visible(&t).then_some(t));
+        if let Some((namespace, alias)) = name.split_once('/') {
+            let found = self.user_template_by_alias(namespace, alias)?;
+            return Ok(found.filter(visible));
         }
         if let Some(owner) = owner {
             if let Some(t) = self.user_template_by_alias(owner, name)? {
                 return Ok(Some(t));
             }
         }
-        Ok(self.public_templates_by_alias(name)?.into_iter().next())
+        Ok(self.user_template(name)?.filter(visible))
     }
 
     /// The built template that `reference` (`name` or `name:tag`) means to `owner`: the

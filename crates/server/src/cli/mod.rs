@@ -22,6 +22,14 @@ use std::process::ExitCode;
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {
+    /// Cancel a build that waits for its turn or runs: its step stops at once and the build
+    /// ends with an error. `template build` prints the template and build ids.
+    Cancel {
+        /// The template's name or id.
+        template: String,
+        /// The build's id.
+        build: String,
+    },
     /// List built templates (the built-ins, and every key's templates as NAME:TAG).
     Ls {
         /// Print JSON instead of a table.
@@ -74,6 +82,7 @@ pub enum TemplateCommand {
 pub enum TemplateJob {
     Build(DockerfileBuild),
     List { json: bool },
+    Cancel { template: String, build: String },
 }
 
 impl TemplateCommand {
@@ -99,8 +108,21 @@ impl TemplateCommand {
                 no_cache,
             }),
             TemplateCommand::Ls { json } => TemplateJob::List { json },
+            TemplateCommand::Cancel { template, build } => TemplateJob::Cancel { template, build },
         }
     }
+}
+
+/// `airlock template cancel`: stops a build of the caller's.
+pub async fn template_cancel(client: Client, template: &str, build: &str) -> Result<(), CliError> {
+    let path = format!(
+        "/templates/{}/builds/{}",
+        percent_encode(template),
+        percent_encode(build)
+    );
+    client.call("DELETE", &path).await?;
+    println!("cancelled build {build} of {template}");
+    Ok(())
 }
 
 /// `NAME=VALUE`, as `--build-arg`, `--env` and `--metadata` take it.
