@@ -169,3 +169,33 @@ def pytest_runtest_makereport(item, call):
         lines = srv.log.read_text(errors="replace").splitlines()[-SERVER_LOG_LINES:]
         report.sections.append(("airlock serve log (its last lines)",
                                 ANSI_ESCAPE.sub("", "\n".join(lines))))
+
+
+# The only skips a run may have: test id as pytest prints it (`test_x.py::test_y`) to why the
+# claim it leaves out cannot be tested where it skips. Any other skip fails the run: a skipped
+# test proves nothing, and a green run must mean that every claim was tested.
+ALLOWED_SKIPS = {}
+
+skipped = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        skipped.append((report.nodeid, reason))
+
+
+def unallowed_skips():
+    return [(test, reason) for test, reason in skipped if test not in ALLOWED_SKIPS]
+
+
+def pytest_sessionfinish(session):
+    if unallowed_skips() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if unallowed_skips():
+        terminalreporter.section("skips not on ALLOWED_SKIPS (tests/integration/conftest.py)")
+        for test, reason in unallowed_skips():
+            terminalreporter.line(f"{test}: {reason}")
