@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import AIRLOCK, API_KEY, free_port, host_leftovers, start_server  # noqa: E402,F401
 from images import Registry  # noqa: E402
+from outside import Outside  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,16 @@ def private_registry():
     reg = Registry(credentials=("tester", "secret"))
     yield reg
     reg.stop()
+
+
+@pytest.fixture(scope="session")
+def outside():
+    """A stand-in for a host beyond this machine, listening on a public, a private and the cloud
+    metadata address (see tests/outside.py): a target for the network tests that needs no
+    internet."""
+    host = Outside()
+    yield host
+    host.stop()
 
 
 @pytest.fixture(scope="session")
