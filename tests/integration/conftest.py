@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import AIRLOCK, API_KEY, free_port, host_leftovers, start_server  # noqa: E402,F401
+from harness import AIRLOCK, API_KEY, footprint, free_port, host_leftovers, slot, start_server  # noqa: E402,F401
 from images import Registry  # noqa: E402
 from outside import Outside  # noqa: E402
 
