@@ -5,7 +5,9 @@
 # bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
 # and e2b-code-interpreter SDKs from PyPI, then again by the older ones that
-# tests/requirements-compat.txt pins (less the tests marked `newest_sdk`).
+# tests/requirements-compat.txt pins (less the tests marked `newest_sdk`). A skipped test fails
+# the run unless tests/integration/conftest.py's ALLOWED_SKIPS names it, and so does an unknown
+# marker (--strict-markers, in tests/integration/pytest.ini).
 #
 #   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default: a fresh private one,
 #                          removed afterwards)

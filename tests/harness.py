@@ -1,6 +1,7 @@
 """Starting and stopping a real `airlock serve` for the integration tests and the benchmarks."""
 
 import http.client
+import ipaddress
 import json
 import os
 import secrets
@@ -114,6 +115,26 @@ def host_leftovers(data_dir: Path):
     procs = subprocess.run(["pgrep", "-f", f"runsc.*{data_dir}"], capture_output=True, text=True).stdout.split()
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(data_dir) in line]
     return {"netns": netns, "links": links, "runsc": procs, "mounts": mounts}
+
+
+def slot(address: str) -> int:
+    """The network slot of a sandbox's address (`hostname -I` inside it): slot N has the /30
+    at 10.77.0.0 + 4N (slots.rs), and its link is `alv{N}`."""
+    return (int(ipaddress.IPv4Address(address)) - int(ipaddress.IPv4Address("10.77.0.0"))) // 4
+
+
+def footprint(data_dir: Path, sandbox_id: str, address: str):
+    """What the host holds for one sandbox (its address: `hostname -I` inside it): its netns,
+    veth, runsc processes, mounts and cgroups."""
+    left = host_leftovers(data_dir)
+    procs = subprocess.run(["pgrep", "-f", f"runsc.*{sandbox_id}"], capture_output=True, text=True).stdout.split()
+    return {
+        "netns": [n for n in left["netns"] if sandbox_id in n],
+        "links": [n for n in left["links"] if n == f"alv{slot(address)}"],
+        "runsc": [p for p in procs if p in left["runsc"]],
+        "mounts": [m for m in left["mounts"] if sandbox_id in m],
+        "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/airlock/{sandbox_id}")),
+    }
 
 
 def use_server(srv: Server):

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import AIRLOCK, API_KEY, free_port, host_leftovers, start_server  # noqa: E402,F401
+from harness import AIRLOCK, API_KEY, footprint, free_port, host_leftovers, slot, start_server  # noqa: E402,F401
 from images import Registry  # noqa: E402
+from outside import Outside  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,16 @@ def private_registry():
     reg = Registry(credentials=("tester", "secret"))
     yield reg
     reg.stop()
+
+
+@pytest.fixture(scope="session")
+def outside():
+    """A stand-in for a host beyond this machine, listening on a public, a private and the cloud
+    metadata address (see tests/outside.py): a target for the network tests that needs no
+    internet."""
+    host = Outside()
+    yield host
+    host.stop()
 
 
 @pytest.fixture(scope="session")
@@ -169,3 +180,33 @@ def pytest_runtest_makereport(item, call):
         lines = srv.log.read_text(errors="replace").splitlines()[-SERVER_LOG_LINES:]
         report.sections.append(("airlock serve log (its last lines)",
                                 ANSI_ESCAPE.sub("", "\n".join(lines))))
+
+
+# The only skips a run may have: test id as pytest prints it (`test_x.py::test_y`) to why the
+# claim it leaves out cannot be tested where it skips. Any other skip fails the run: a skipped
+# test proves nothing, and a green run must mean that every claim was tested.
+ALLOWED_SKIPS = {}
+
+skipped = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        skipped.append((report.nodeid, reason))
+
+
+def unallowed_skips():
+    return [(test, reason) for test, reason in skipped if test not in ALLOWED_SKIPS]
+
+
+def pytest_sessionfinish(session):
+    if unallowed_skips() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if unallowed_skips():
+        terminalreporter.section("skips not on ALLOWED_SKIPS (tests/integration/conftest.py)")
+        for test, reason in unallowed_skips():
+            terminalreporter.line(f"{test}: {reason}")

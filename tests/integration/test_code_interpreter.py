@@ -145,6 +145,24 @@ def test_contexts_are_isolated_and_can_restart(ci):
     assert b.id not in [c.id for c in ci.list_code_contexts()]
 
 
+def test_pause_and_resume_keep_the_kernels_state(ci):
+    from e2b_code_interpreter import Sandbox
+
+    ci.run_code("import math\nx = 41\nkept = [math.pi]")
+    js = ci.create_code_context(language="javascript")
+    ci.run_code("const answer = 6 * 7", context=js)
+    counted = ci.run_code("x").execution_count
+    # The control: the state reads back before the pause, by the same calls as after it.
+    reads = [("x + 1", None, "42"), ("round(kept[0], 5)", None, "3.14159"),
+             ("answer + 1", js, "43")]
+    assert [ci.run_code(code, context=ctx).text for code, ctx, _ in reads] == [t for *_, t in reads]
+    assert ci.pause() is True
+    again = Sandbox.connect(ci.sandbox_id)
+    got = [again.run_code(code, context=ctx) for code, ctx, _ in reads]
+    assert [(e.error, e.text) for e in got] == [(None, t) for *_, t in reads], "the kernels kept it"
+    assert again.run_code("x").execution_count > counted, "the same kernel counts on"
+
+
 def test_javascript_and_bash(ci):
     js = ci.run_code("const n: number = 20 + 22; console.log(n)", language="js")
     assert js.error is None, js.error

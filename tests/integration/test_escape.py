@@ -101,7 +101,7 @@ def api_on_all_addresses(restarted):
     return lambda *flags: restarted(*flags, listen_host="0.0.0.0")
 
 
-def test_control_api_metadata_and_neighbours_are_unreachable(server, api_on_all_addresses, sandbox_factory):
+def test_control_api_metadata_and_neighbours_are_unreachable(server, api_on_all_addresses, sandbox_factory, outside):
     api_on_all_addresses()
     a, b = sandbox_factory(), sandbox_factory()
     result = probe_network(server, a, b)
@@ -111,16 +111,17 @@ def test_control_api_metadata_and_neighbours_are_unreachable(server, api_on_all_
     assert b.commands.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/").stdout == "200"
 
 
-def test_the_network_probe_sees_leaks_with_the_firewall_off(server, api_on_all_addresses, sandbox_factory):
+def test_the_network_probe_sees_leaks_with_the_firewall_off(server, api_on_all_addresses, sandbox_factory, outside):
     """The same probe against a server started with `--insecure-open-network` (a debugging
-    mode, never the default) must see the control API and the neighbour. Left out: the host's
-    loopback, which no network namespace reaches, and cloud metadata, which does not exist on our
-    test machines."""
+    mode, never the default) must see the control API, the neighbour and cloud metadata (the
+    `outside` fixture's listener). Left out: the host's loopback, which no network namespace
+    reaches."""
     api_on_all_addresses("--insecure-open-network")
     a, b = sandbox_factory(), sandbox_factory()
     reached = probe_network(server, a, b)["targets"]
     b_ip = b.commands.run("hostname -I").stdout.split()[0]
     assert reached[f"{b_ip}:49983"] and reached[f"{b_ip}:8000"], reached
+    assert reached["169.254.169.254:80"], reached
     api = {t: ok for t, ok in reached.items() if t.endswith(f":{server.port}") and not t.startswith("127.")}
     assert api and all(api.values()), reached
 

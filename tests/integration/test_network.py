@@ -3,17 +3,24 @@
 request, on any port, and DNS answers only for protocols that name nothing; public names only;
 `allowOut`/`denyOut` networks; and clear errors for rules that make no sense.
 
-The public target is pypi.org, which every machine that runs this suite reaches (it installs the
-SDK from there). On ours it also serves TLS on 8443 and HTTP on 8080, which is how "any port" is
-shown; the tests skip if the host itself cannot reach those."""
+Two targets. What is about addresses and flows goes to `outside` (tests/outside.py): the tests'
+own listener on a public address outside this machine, and on a private and the cloud metadata
+address. What needs a real name (DNS, SNI, `Host`) goes to pypi.org, which every machine that
+runs this suite reaches (it installs the SDK from there); on ours it also serves TLS on 8443 and
+HTTP on 8080, which is how "any port" is shown. A host that cannot reach those fails these tests:
+it does not skip them."""
 
 import json
 import socket
 import ssl
 import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 from e2b import ALL_TRAFFIC
+
+from outside import METADATA
 
 NAME = "pypi.org"
 OTHER = "deb.debian.org"  # another registry name; on our machines it has pypi.org's address
@@ -60,9 +67,14 @@ def http_get(host):
     return f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
 
 
-def probe(sbx, *calls):
-    """Runs the probe calls (Python expressions over PROBES) in order inside the sandbox."""
-    code = PROBES + f"print(json.dumps([{', '.join(calls)}]))"
+def probe(sbx, *calls, at_once=False):
+    """Runs the probe calls (Python expressions over PROBES) inside the sandbox: in order, or
+    `at_once` (each in a thread of its own, so that the blocked ones time out together)."""
+    if at_once:
+        code = PROBES + ("from concurrent.futures import ThreadPoolExecutor\n"
+                         f"print(json.dumps(list(ThreadPoolExecutor({len(calls)}).map(lambda c: eval(c), {list(calls)!r}))))")
+    else:
+        code = PROBES + f"print(json.dumps([{', '.join(calls)}]))"
     result = sbx.commands.run(f"python3 - <<'EOF'\n{code}\nEOF", timeout=120)
     return json.loads(result.stdout)
 
@@ -84,13 +96,14 @@ def host_reaches(ip, port, tls_name=None):
 
 @pytest.fixture(scope="module")
 def target():
-    """pypi.org's address, as the host resolves it."""
+    """pypi.org's address, as the host resolves it; the host must reach it on every port the
+    tests use."""
     try:
         ip = socket.gethostbyname(NAME)
-    except OSError:
-        pytest.skip(f"the host cannot resolve {NAME}")
-    if not host_reaches(ip, 443, NAME):
-        pytest.skip(f"the host cannot reach {NAME}:443")
+    except OSError as e:
+        pytest.fail(f"the host cannot resolve {NAME}: {e}")
+    for port, tls in ((443, NAME), (8443, NAME), (8080, None)):
+        assert host_reaches(ip, port, tls), f"the host cannot reach {NAME} ({ip}) on port {port}"
     return ip
 
 
@@ -127,38 +140,61 @@ def test_internet_by_default(sandbox, target):
     assert got[1] == HTTP, "the internet is reachable"
 
 
-def test_the_hosts_network_and_metadata_are_out_of_reach(sandbox, target):
+def out_of_reach(outside, sbx):
+    """Probes the metadata and the private address of `outside` from `sbx` by HTTP on 80 and TLS
+    on 443 (and, as the control, its public address); returns what answered or arrived there."""
+    closed = (METADATA, outside.private)
+    before = {addr: len(outside.seen(addr)) for addr in closed}
+    calls = [f"raw({outside.public!r}, 80, {http_get(NAME)!r})"]
+    for addr in closed:
+        calls += [f"raw({addr!r}, 80, {http_get(NAME)!r})", f"tls({addr!r}, 443, {NAME!r})"]
+    got = probe(sbx, *calls, at_once=True)
+    assert got[0] == HTTP, "the control: the same listener answers at its public address"
+    # Both halves: nothing answered, and nothing arrived.
+    reached = {call: r for call, r in zip(calls[1:], got[1:]) if not r.startswith("blocked")}
+    reached.update({f"arrived at {addr}": outside.seen(addr)[before[addr]:] for addr in closed
+                    if outside.seen(addr)[before[addr]:]})
+    return reached
+
+
+def test_the_hosts_network_metadata_and_private_ranges_are_out_of_reach(sandbox, outside):
+    assert out_of_reach(outside, sandbox) == {}
+    # And the host's own resolvers and gateway, where the host reaches them.
     private = host_network_targets()
-    if not private:
-        pytest.skip("this host reaches no resolver or gateway of its own, so there is nothing to probe")
-    got = probe(
-        sandbox,
-        f"tls({target!r}, 443, {NAME!r})",
-        "reach('169.254.169.254', 80)",
-        *(f"reach({ip!r}, {port})" for ip, port in private),
-    )
-    assert got[0] == HTTP, "the probes' connections work (the control)"
-    assert all(r.startswith("blocked") for r in got[1:]), list(zip(["metadata", *private], got[1:]))
+    if private:
+        got = probe(sandbox, *(f"reach({ip!r}, {port})" for ip, port in private))
+        assert all(r.startswith("blocked") for r in got), list(zip(private, got))
 
 
-def test_no_internet_access_blocks_everything_including_dns(sandbox_factory, target):
+def test_no_rule_opens_metadata_or_private_ranges(sandbox_factory, outside):
+    """What the README promises: an `allowOut` naming them (as networks, or everything) leaves
+    them closed, as does a domain rule, which sends connections to netd's proxy."""
+    named = [f"{METADATA}/32", f"{outside.private}/32", "172.16.0.0/12", outside.public]
+    for network in ({"allow_out": named, "deny_out": [ALL_TRAFFIC]},
+                    {"allow_out": ["0.0.0.0/0"]},
+                    {"allow_out": [NAME, outside.public], "deny_out": [ALL_TRAFFIC]}):
+        sbx = sandbox_factory(network=network)
+        assert out_of_reach(outside, sbx) == {}, network
+        sbx.kill()
+
+
+def test_no_internet_access_blocks_everything_including_dns(sandbox_factory, sandbox, target, outside):
     sbx = sandbox_factory(allow_internet_access=False)
-    blocked = [
+    calls = [
         f"resolve({NAME!r})",
-        f"tls({target!r}, 443, {NAME!r})",
-        f"raw({target!r}, 8080, {http_get(NAME)!r})",
+        f"tls({outside.public!r}, 443, {NAME!r})",
+        f"raw({outside.public!r}, 8080, {http_get(NAME)!r})",
     ]
-    assert all(r.startswith("blocked") for r in probe(sbx, *blocked))
+    assert probe(sandbox, *calls) == [target, HTTP, HTTP], "the control: the same probes, open"
+    assert all(r.startswith("blocked") for r in probe(sbx, *calls))
     # The rule follows the sandbox through a pause, into whatever slot it resumes in.
     assert sbx.pause() is True
     sbx.connect()
-    assert all(r.startswith("blocked") for r in probe(sbx, *blocked))
+    assert all(r.startswith("blocked") for r in probe(sbx, *calls))
     assert sbx.commands.run("echo alive").stdout == "alive\n", "only the network is off"
 
 
 def test_allowed_domains_are_matched_by_sni_and_host_on_any_port(sandbox_factory, target):
-    if not host_reaches(target, 8443, NAME) or not host_reaches(target, 8080):
-        pytest.skip(f"{NAME} serves no TLS on 8443 or HTTP on 8080 here")
     sbx = sandbox_factory(network={"allow_out": [NAME], "deny_out": [ALL_TRAFFIC]})
     # Before the sandbox has resolved anything: only what names an allowed domain gets through,
     # whatever the port, even to the same address.
@@ -229,8 +265,6 @@ print(json.dumps([exchange(NAME), exchange(OTHER)]))
 
 
 def test_every_request_of_a_kept_alive_connection_is_checked(sandbox_factory, target):
-    if not host_reaches(target, 8080):
-        pytest.skip(f"{NAME} serves no HTTP on 8080 here")
     sbx = sandbox_factory(network={"allow_out": [NAME], "deny_out": [ALL_TRAFFIC]})
     code = f"TARGET, NAME, OTHER = {target!r}, {NAME!r}, {OTHER!r}\n" + KEPT_ALIVE
     same, other = json.loads(sbx.commands.run(f"python3 - <<'EOF'\n{code}\nEOF", timeout=60).stdout)
@@ -239,31 +273,54 @@ def test_every_request_of_a_kept_alive_connection_is_checked(sandbox_factory, ta
     assert other[1] in ("closed", "ConnectionResetError"), f"the second, for {OTHER}: {other}"
 
 
-def test_sandboxes_resolve_only_public_names(sandbox, target):
+@pytest.fixture
+def host_names(outside):
+    """Names the host resolves and no public DNS does: its own hostname, and a name under a
+    public-looking domain that the test puts in the host's /etc/hosts (restored afterwards)."""
+    added = f"airlock-{uuid.uuid4().hex[:8]}.example.com"
+    hosts = Path("/etc/hosts")
+    saved = hosts.read_text()
+    hosts.write_text(saved + f"\n{outside.public} {added}\n")
+    try:
+        names = [socket.gethostname(), added]
+        for name in names:
+            try:
+                socket.gethostbyname(name)
+            except OSError as e:
+                pytest.fail(f"the control: the host resolves {name} ({e})")
+        yield names
+    finally:
+        hosts.write_text(saved)
+
+
+def test_sandboxes_resolve_only_public_names(sandbox, target, host_names):
     search = [w for line in open("/etc/resolv.conf") for w in line.split()[1:]
               if line.split()[:1] in (["search"], ["domain"])]
-    internal = ["intranet", "printer.local", "db.internal", "router.home.arpa",
+    internal = [*host_names, "intranet", "printer.local", "db.internal", "router.home.arpa",
                 "1.0.0.10.in-addr.arpa", *(f"host.{d}" for d in search)]
     got = probe(sandbox, f"resolve({NAME!r})", *(f"resolve({n!r})" for n in internal))
     assert got[0] == target, "the control: public names resolve"
     assert all(r.startswith("blocked") for r in got[1:]), list(zip(internal, got[1:]))
 
 
-def test_allowed_and_denied_networks(sandbox_factory, target):
-    only = sandbox_factory(network={"allow_out": [f"{target}/32"], "deny_out": [ALL_TRAFFIC]})
-    got = probe(only, f"raw({target!r}, 8080, {http_get(NAME)!r})", f"resolve({NAME!r})")
+def test_allowed_and_denied_networks(sandbox_factory, target, outside):
+    only = sandbox_factory(network={"allow_out": [f"{outside.public}/32"], "deny_out": [ALL_TRAFFIC]})
+    got = probe(only, f"raw({outside.public!r}, 8080, {http_get(NAME)!r})",
+                f"raw({outside.public2!r}, 8080, {http_get(NAME)!r})", f"resolve({NAME!r})")
     assert got[0] == HTTP, "an allowed address needs no DNS"
-    assert got[1].startswith("blocked"), "with everything denied, DNS answers allowed domains only"
+    assert got[1].startswith("blocked"), "its neighbour is not allowed"
+    assert got[2].startswith("blocked"), "with everything denied, DNS answers allowed domains only"
 
-    subnet = target.rsplit(".", 1)[0] + ".0/24"
-    denied = sandbox_factory(network={"deny_out": [subnet]})
-    got = probe(denied, f"resolve({NAME!r})", f"tls({target!r}, 443, {NAME!r})")
+    denied = sandbox_factory(network={"deny_out": [f"{outside.public}/32"]})
+    got = probe(denied, f"resolve({NAME!r})", f"tls({outside.public!r}, 443, {NAME!r})",
+                f"tls({outside.public2!r}, 443, {NAME!r})")
     assert got[0] == target, "names still resolve"
-    assert got[1].startswith("blocked"), f"{subnet} is denied"
+    assert got[1].startswith("blocked"), f"{outside.public} is denied"
+    assert got[2] == HTTP, "the control: its neighbour is not"
 
 
-def test_rules_can_be_replaced_while_the_sandbox_runs(server, sandbox, target):
-    reach = f"tls({target!r}, 443, {NAME!r})"
+def test_rules_can_be_replaced_while_the_sandbox_runs(server, sandbox, outside):
+    reach = f"tls({outside.public!r}, 443, {NAME!r})"
     assert probe(sandbox, reach) == [HTTP]
     sandbox.update_network({"deny_out": [ALL_TRAFFIC]})
     assert probe(sandbox, reach)[0].startswith("blocked")

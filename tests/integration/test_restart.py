@@ -4,13 +4,14 @@ is adopted (and works) or removed, and nothing leaks. A stop with `--stop-sandbo
 (the suite's setting) leaves no runsc process, netns or veth behind."""
 
 import signal
+import subprocess
 import time
 
 import pytest
 from e2b import Sandbox
 
-from conftest import host_leftovers
-from test_network import HTTP, NAME, probe, target  # noqa: F401 (a fixture)
+from conftest import footprint, host_leftovers
+from test_network import HTTP, NAME, probe
 
 COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"
 
@@ -32,17 +33,24 @@ def counted(sbx):
     return int(sbx.files.read("/tmp/count"))
 
 
-def test_a_stop_and_start_keep_processes_files_kernels_timeouts_and_rules(sandboxes_run_on, target):
+def walled_off(got):
+    """Whether the denied address was blocked and the one beside it answered."""
+    return got[0].startswith("blocked") and got[1] == HTTP
+
+
+def test_a_stop_and_start_keep_processes_files_kernels_timeouts_and_rules(sandboxes_run_on, outside):
     from e2b_code_interpreter import Sandbox as Interpreter
 
     server = sandboxes_run_on
-    walled = Interpreter.create(timeout=600, network={"deny_out": [f"{target}/32"]})
+    # The walled sandbox's own control: the address next to the one it denies.
+    reach, beside = (f"tls({addr!r}, 443, {NAME!r})" for addr in (outside.public, outside.public2))
+    walled = Interpreter.create(timeout=600, network={"deny_out": [f"{outside.public}/32"]})
     control = Sandbox.create("base")  # the default rules: proves the probe can get through
     try:
         walled.files.write("/home/user/kept.txt", "still here")
         counter = walled.commands.run(COUNTER, background=True)
         assert walled.run_code("x = 41").error is None
-        assert probe(walled, f"tls({target!r}, 443, {NAME!r})")[0].startswith("blocked")
+        assert walled_off(probe(walled, reach, beside))
         end_at = walled.get_info().end_at
         before = counted(walled)
 
@@ -59,22 +67,44 @@ def test_a_stop_and_start_keep_processes_files_kernels_timeouts_and_rules(sandbo
         assert again.files.read("/home/user/kept.txt") == "still here"
         assert again.run_code("x + 1").text == "42", "the kernel kept its state"
         assert again.get_info().end_at == end_at
-        assert probe(again, f"tls({target!r}, 443, {NAME!r})")[0].startswith("blocked")
-        assert probe(Sandbox.connect(control.sandbox_id),
-                     f"tls({target!r}, 443, {NAME!r})")[0] == HTTP
+        assert walled_off(probe(again, reach, beside)), "its rules held"
+        assert probe(Sandbox.connect(control.sandbox_id), reach) == [HTTP]
     finally:
         walled.kill()
         control.kill()
+
+
+def footprints(server, *sandboxes):
+    """`footprint` of each sandbox (whose `address` the test noted), by id."""
+    return {sbx.sandbox_id: footprint(server.data_dir, sbx.sandbox_id, sbx.address) for sbx in sandboxes}
+
+
+def all_gone(server, *sandboxes, within=30):
+    """Waits for the host to hold nothing of `sandboxes`; returns what it still holds."""
+    deadline = time.time() + within
+    while True:
+        left = {}
+        for sid, held in footprints(server, *sandboxes).items():
+            if any(held.values()):
+                left[sid] = {kind: what for kind, what in held.items() if what}
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def test_kill_9_then_restart_adopts_and_leaks_nothing(server):
     survivor = Sandbox.create("base", metadata={"restart": "survivor"})
     survivor.files.write("/home/user/kept.txt", "still here")
     doomed = Sandbox.create("base", metadata={"restart": "doomed"})
+    for sbx in (survivor, doomed):
+        sbx.address = sbx.commands.run("hostname -I").stdout.split()[0]
+    # The control: the probe sees every kind of thing a sandbox holds on the host.
+    before = footprints(server, survivor, doomed)
+    for sid, held in before.items():
+        assert all(held.values()), (sid, held)
 
     server.stop(sig=signal.SIGKILL)
     # While the server is down one sandbox dies on its own (as after a host hiccup).
-    import subprocess
     subprocess.run(["runsc", "--root", str(server.data_dir / "gvisor" / "runsc"), "kill", doomed.sandbox_id, "KILL"], check=False)
     server.start()
 
@@ -84,9 +114,11 @@ def test_kill_9_then_restart_adopts_and_leaks_nothing(server):
     listed = {s.sandbox_id for s in Sandbox.list().next_items()}
     assert survivor.sandbox_id in listed
     assert doomed.sandbox_id not in listed
-    left = host_leftovers(server.data_dir)
-    assert not any(doomed.sandbox_id in n for n in left["netns"])
+    assert all_gone(server, doomed) == {}
+    assert footprints(server, survivor) == {survivor.sandbox_id: before[survivor.sandbox_id]}, \
+        "the adopted one keeps all it had"
     survivor.kill()
+    assert all_gone(server, survivor) == {}
 
 
 def test_clean_shutdown_leaves_nothing(server):
