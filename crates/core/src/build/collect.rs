@@ -105,7 +105,9 @@ impl Builder {
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|at| at.elapsed().ok());
-            if unused_for.is_some_and(|d| d > BLOBS_UNUSED_FOR) {
+            // A download a stopped build or server left half-way is never used.
+            let partial = blob.to_string_lossy().contains(".partial-");
+            if partial || unused_for.is_some_and(|d| d > BLOBS_UNUSED_FOR) {
                 remove(&blob, &mut done).await?;
                 done.blobs += 1;
             }

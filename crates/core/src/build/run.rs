@@ -236,8 +236,8 @@ impl Builder {
         }
         let note = |line: String| log.write(LogLevel::Info, Some("base".into()), &line);
         note(format!("FROM image {}", source.reference));
-        // A pull leaves nothing behind when it is dropped half-way (its downloads are
-        // partial files that the next pull or collection removes).
+        // A pull may be dropped half-way: its partial download is never used, and the
+        // collection at the next start removes it.
         let image = tokio::select! {
             image = self.registries.pull(source, &note) => image.map_err(at_base)?,
             reason = stop.stopped() => return Err(at_base(reason)),
