@@ -6,7 +6,9 @@
 //!
 //! This owns both the `volumes` rows and the directories under `<data>/volumes/<id>`.
 
+mod path;
 mod tree;
+mod walk;
 
 use crate::driver::{Driver, DriverError};
 use crate::ids::{constant_time_eq, random_token};
@@ -284,12 +286,11 @@ fn check_mount_path(path: &str) -> Result<String, VolumeError> {
     let Some(rest) = trimmed.strip_prefix('/') else {
         return bad("must be absolute");
     };
-    if rest.split('/').any(|part| matches!(part, "" | "." | ".."))
-        || rest.contains('\0')
-        || trimmed.len() > 4096
-    {
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts.iter().any(|part| matches!(*part, "" | "." | "..")) || rest.contains('\0') {
         return bad("must be a plain path, without '.', '..' or empty parts");
     }
+    path::check_caps("mount path", trimmed, &parts)?;
     let reserved = |r: &&str| trimmed == *r || trimmed.starts_with(&format!("{r}/"));
     if RESERVED_PATHS.iter().any(reserved) {
         return bad("is in a tree the sandbox's system needs");
@@ -321,5 +322,7 @@ mod tests {
             assert!(check_mount_path(bad).is_err(), "{bad:?} was taken");
         }
         assert!(check_mount_path("/procfs").is_ok());
+        let too_deep = "/d".repeat(super::path::MAX_DEPTH + 1);
+        assert!(check_mount_path(&too_deep).is_err());
     }
 }
