@@ -1,14 +1,17 @@
-"""Tenants and volumes (issue 31): one key's volume cannot take the server down. A path deeper or
-longer than the caps is refused at the edge; a tree planted deeper than any cap by a sandbox is
-removed without recursion and without following its links."""
+"""Tenants and volumes (issue 31): one key's volume cannot take the server down, nor fill the
+host's disk. A path deeper or longer than the caps is refused at the edge; a tree planted deeper
+than any cap by a sandbox is removed without recursion and without following its links; each key
+is held to a number of volumes and to a total size, and a volume the disk cannot hold is refused."""
 
 import os
+import shutil
 import urllib.request
+import uuid
 
 import pytest
 from e2b import Sandbox, Volume
 
-from conftest import volume_name
+from conftest import airlock_key, volume_name
 
 # The caps docs/design.md documents for volume paths.
 MAX_DEPTH = 128
@@ -184,3 +187,44 @@ def test_names_that_are_not_utf8_are_listed_and_removed(server, volume, alive):
     assert kinds == ["directory", "directory", "file", "symlink"], listed
     volume.remove("odd")
     assert alive() and not volume.exists("odd")
+
+
+def test_each_key_is_held_to_a_number_of_volumes_and_a_total_size(server, restarted, other_key):
+    mine = airlock_key(server, "create", "--name", f"vols-{uuid.uuid4().hex[:6]}")
+    made = []
+
+    def create(key):
+        status, body = server.api("POST", "/volumes", {"name": volume_name()}, key=key)
+        if status == 201:
+            made.append((body["volumeID"], key))
+        return status, body
+
+    try:
+        restarted("--volume-size-mb", "8", "--key-max-volumes", "2")
+        # Positive control: up to the cap works.
+        assert [create(mine)[0] for _ in range(2)] == [201, 201]
+        status, body = create(mine)
+        assert status == 429 and body["code"] == 429, body
+        assert "2 volumes" in body["message"] and "--key-max-volumes" in body["message"], body
+        # The cap is each key's: another key still makes one.
+        assert create(other_key)[0] == 201
+
+        restarted("--volume-size-mb", "8", "--key-max-volumes", "10", "--key-max-volume-mb", "20")
+        status, body = create(mine)
+        assert status == 507 and body["code"] == 507, body
+        assert "20 MiB" in body["message"] and "--key-max-volume-mb" in body["message"], body
+        # With room for it again, the same create works.
+        volume_id, key = made.pop(0)
+        assert Volume.destroy(volume_id, api_key=key) is True
+        assert create(mine)[0] == 201
+
+        # A volume larger than the free disk is refused; nothing is left of it.
+        free_mb = shutil.disk_usage(server.data_dir).free >> 20
+        restarted("--volume-size-mb", str(free_mb + 10_240), "--key-max-volume-mb", str(1 << 40))
+        before = sorted(p.name for p in (server.data_dir / "volumes").iterdir())
+        status, body = create(other_key)
+        assert status == 507 and "free" in body["message"], body
+        assert sorted(p.name for p in (server.data_dir / "volumes").iterdir()) == before
+    finally:
+        for volume_id, key in made:
+            Volume.destroy(volume_id, api_key=key)

@@ -2,6 +2,7 @@
 
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
+use airlock_core::volumes::VolumeLimits;
 use airlock_server::data_dir::DataDir;
 use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
@@ -175,6 +176,14 @@ enum Command {
         /// content API that would take a volume past it are refused with 507.
         #[arg(long, default_value_t = 1024, env = "AIRLOCK_VOLUME_SIZE_MB")]
         volume_size_mb: u64,
+        /// Most volumes one API key may have. Creates beyond it get 429.
+        #[arg(long, default_value_t = 100)]
+        key_max_volumes: usize,
+        /// Most MiB one API key's volumes may hold together (each holds the --volume-size-mb
+        /// it was made with). Creates beyond it get 507, as does one that the data dir's disk
+        /// has too little free space for.
+        #[arg(long, default_value_t = 102_400)]
+        key_max_volume_mb: u64,
         /// Seconds one template build step (a RUN, a COPY, a layer of an image) may run before
         /// it is stopped and its build fails.
         #[arg(long, default_value_t = 1800, env = "AIRLOCK_BUILD_STEP_TIMEOUT")]
@@ -344,6 +353,8 @@ async fn run(cli: Cli) -> ExitCode {
             insecure_registries,
             build_min_free_mb,
             volume_size_mb,
+            key_max_volumes,
+            key_max_volume_mb,
             build_step_timeout,
             insecure_open_network,
             prepare_only,
@@ -358,7 +369,11 @@ async fn run(cli: Cli) -> ExitCode {
             runsc,
             insecure_registries,
             build_min_free_mb,
-            volume_size_mb,
+            volumes: VolumeLimits {
+                size_mb: volume_size_mb,
+                per_key: key_max_volumes,
+                per_key_mb: key_max_volume_mb,
+            },
             build_step_timeout: Duration::from_secs(build_step_timeout),
             insecure_open_network,
             prepare_only,
