@@ -1,4 +1,5 @@
-//! How much disk a tree takes: what `du` says, each hard-linked file counted once.
+//! How much disk a tree takes (what `du` says, each hard-linked file counted once), and how
+//! much a disk has free.
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -23,6 +24,22 @@ pub fn bytes_on_disk(root: &Path) -> std::io::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// Space on the disk a directory is on, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskSpace {
+    pub available: u64,
+    pub total: u64,
+}
+
+/// The disk space of `dir`'s file system; `None` if it cannot be read.
+pub fn disk_space(dir: &Path) -> Option<DiskSpace> {
+    let stat = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(DiskSpace {
+        available: stat.blocks_available() * stat.fragment_size(),
+        total: stat.blocks() * stat.fragment_size(),
+    })
 }
 
 #[cfg(test)]

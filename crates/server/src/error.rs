@@ -150,7 +150,12 @@ impl From<airlock_core::volumes::VolumeError> for ApiError {
             }
             VolumeError::BadName(_) | VolumeError::BadPath(_) => StatusCode::BAD_REQUEST,
             VolumeError::Unauthorized => StatusCode::UNAUTHORIZED,
-            VolumeError::Full(_) => StatusCode::INSUFFICIENT_STORAGE,
+            VolumeError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            VolumeError::Full(_) | VolumeError::KeyFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            VolumeError::NoDisk { .. } => {
+                tracing::warn!(error = %err, "a volume create found too little disk");
+                StatusCode::INSUFFICIENT_STORAGE
+            }
             VolumeError::Store(_) | VolumeError::Io { .. } | VolumeError::Driver(_) => {
                 // Names host paths: the log gets it, the client does not.
                 tracing::error!(error = %err, "a volume request failed");

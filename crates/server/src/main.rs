@@ -3,6 +3,7 @@
 use airlock_core::build::BuildLimits;
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
+use airlock_core::volumes::VolumeLimits;
 use airlock_server::data_dir::DataDir;
 use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
@@ -211,6 +212,14 @@ enum Command {
         /// content API that would take a volume past it are refused with 507.
         #[arg(long, default_value_t = 1024, env = "AIRLOCK_VOLUME_SIZE_MB")]
         volume_size_mb: u64,
+        /// Most volumes one API key may have. Creates beyond it get 429.
+        #[arg(long, default_value_t = 100)]
+        key_max_volumes: usize,
+        /// Most MiB one API key's volumes may hold together (each holds the --volume-size-mb
+        /// it was made with). Creates beyond it get 507, as does one that the data dir's disk
+        /// has too little free space for.
+        #[arg(long, default_value_t = 102_400)]
+        key_max_volume_mb: u64,
         #[command(flatten)]
         builds: BuildArgs,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
@@ -378,6 +387,8 @@ async fn run(cli: Cli) -> ExitCode {
             insecure_registries,
             builds,
             volume_size_mb,
+            key_max_volumes,
+            key_max_volume_mb,
             insecure_open_network,
             prepare_only,
             stop_sandboxes_on_exit,
@@ -393,7 +404,11 @@ async fn run(cli: Cli) -> ExitCode {
             build_min_free_mb: builds.build_min_free_mb,
             build_step_timeout: Duration::from_secs(builds.build_step_timeout),
             build_limits: builds.limits(),
-            volume_size_mb,
+            volumes: VolumeLimits {
+                size_mb: volume_size_mb,
+                per_key: key_max_volumes,
+                per_key_mb: key_max_volume_mb,
+            },
             insecure_open_network,
             prepare_only,
             domain,

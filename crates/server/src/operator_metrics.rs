@@ -6,6 +6,7 @@
 //! template builds.
 
 use crate::error::ApiError;
+pub use airlock_core::disk_usage::{disk_space, DiskSpace};
 use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
 use airlock_core::store::Store;
 use axum::extract::State;
@@ -157,22 +158,6 @@ impl Collector for BuildsCollector {
             &samples,
         )
     }
-}
-
-/// Space on the disk a directory is on, in bytes.
-#[derive(Debug, Clone, Copy)]
-pub struct DiskSpace {
-    pub available: u64,
-    pub total: u64,
-}
-
-/// The disk space of `dir`'s file system; `None` if it cannot be read.
-pub fn disk_space(dir: &std::path::Path) -> Option<DiskSpace> {
-    let stat = nix::sys::statvfs::statvfs(dir).ok()?;
-    Some(DiskSpace {
-        available: stat.blocks_available() * stat.fragment_size(),
-        total: stat.blocks() * stat.fragment_size(),
-    })
 }
 
 /// Free and total space of the disks the data lives on.

@@ -39,8 +39,8 @@ pub struct ServeOptions {
     pub build_step_timeout: std::time::Duration,
     /// What one build, and one key's builds, may take.
     pub build_limits: BuildLimits,
-    /// What each new volume may hold.
-    pub volume_size_mb: u64,
+    /// What each new volume holds, and each key's volumes together.
+    pub volumes: airlock_core::volumes::VolumeLimits,
     /// Debugging only: no host firewall (see `airlock serve --help`).
     pub insecure_open_network: bool,
     /// Build the built-in templates and their golden images, then stop instead of serving.
@@ -220,7 +220,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             store.clone(),
             driver.clone(),
             &data.volumes(),
-            opts.volume_size_mb,
+            opts.volumes,
         )
         .context("opening the volumes directory")?,
     );

@@ -8,7 +8,7 @@ use crate::api::Caller;
 use crate::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::store::VolumeRecord;
-use airlock_core::volumes::{EntryKind, EntryStat, MetadataChange, VolumeTree};
+use airlock_core::volumes::{EntryKind, EntryStat, MetadataChange, VolumeError, VolumeTree};
 use airlock_wire::volumes::{
     NewVolume, Volume, VolumeAndToken, VolumeEntryStat, VolumeMetadataPatch,
 };
@@ -105,14 +105,35 @@ fn tree(state: &AppState, id: &str, headers: &HeaderMap) -> Result<VolumeTree, A
     Ok(state.volumes.open(id, token)?)
 }
 
+/// Runs `work` on the files of the volume named by the path, for a request that carries its
+/// token, off the async workers: a listing or a removal may walk a large tree.
+async fn on_files<T: Send + 'static>(
+    state: &AppState,
+    id: &str,
+    headers: &HeaderMap,
+    work: impl FnOnce(VolumeTree) -> Result<T, VolumeError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let tree = tree(state, id, headers)?;
+    match tokio::task::spawn_blocking(move || work(tree)).await {
+        Ok(done) => Ok(done?),
+        Err(e) => {
+            tracing::error!(error = %e, "a volume request's work failed");
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; see the server log",
+            ))
+        }
+    }
+}
+
 /// A content request's query: `path` is required; the rest are optional numbers and flags.
 struct ContentQuery(HashMap<String, String>);
 
 impl ContentQuery {
-    fn path(&self) -> Result<&str, ApiError> {
+    fn path(&self) -> Result<String, ApiError> {
         self.0
             .get("path")
-            .map(String::as_str)
+            .cloned()
             .ok_or_else(|| ApiError::bad_request("the query needs a path"))
     }
 
@@ -174,10 +195,9 @@ async fn stat(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<VolumeEntryStat>, ApiError> {
-    let query = ContentQuery(query);
-    Ok(Json(shown(
-        tree(&state, &id, &headers)?.stat(query.path()?)?,
-    )))
+    let path = ContentQuery(query).path()?;
+    let entry = on_files(&state, &id, &headers, move |tree| tree.stat(&path)).await?;
+    Ok(Json(shown(entry)))
 }
 
 async fn remove(
@@ -186,8 +206,8 @@ async fn remove(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<StatusCode, ApiError> {
-    let query = ContentQuery(query);
-    tree(&state, &id, &headers)?.remove(query.path()?)?;
+    let path = ContentQuery(query).path()?;
+    on_files(&state, &id, &headers, move |tree| tree.remove(&path)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -198,14 +218,17 @@ async fn update(
     Query(query): Query<HashMap<String, String>>,
     JsonBody(patch): JsonBody<VolumeMetadataPatch>,
 ) -> Result<Json<VolumeEntryStat>, ApiError> {
-    let query = ContentQuery(query);
+    let path = ContentQuery(query).path()?;
     let change = MetadataChange {
         uid: patch.uid,
         gid: patch.gid,
         mode: patch.mode,
     };
-    let tree = tree(&state, &id, &headers)?;
-    Ok(Json(shown(tree.update(query.path()?, &change)?)))
+    let entry = on_files(&state, &id, &headers, move |tree| {
+        tree.update(&path, &change)
+    })
+    .await?;
+    Ok(Json(shown(entry)))
 }
 
 async fn list_dir(
@@ -215,9 +238,8 @@ async fn list_dir(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Vec<VolumeEntryStat>>, ApiError> {
     let query = ContentQuery(query);
-    let depth = query.number("depth")?.unwrap_or(1);
-    let tree = tree(&state, &id, &headers)?;
-    let entries = tree.list(query.path()?, depth)?;
+    let (path, depth) = (query.path()?, query.number("depth")?.unwrap_or(1));
+    let entries = on_files(&state, &id, &headers, move |tree| tree.list(&path, depth)).await?;
     Ok(Json(entries.into_iter().map(shown).collect()))
 }
 
@@ -228,8 +250,11 @@ async fn make_dir(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<(StatusCode, Json<VolumeEntryStat>), ApiError> {
     let query = ContentQuery(query);
-    let tree = tree(&state, &id, &headers)?;
-    let made = tree.make_dir(query.path()?, &query.change()?, query.flag("force")?)?;
+    let (path, change, parents) = (query.path()?, query.change()?, query.flag("force")?);
+    let made = on_files(&state, &id, &headers, move |tree| {
+        tree.make_dir(&path, &change, parents)
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(shown(made))))
 }
 
@@ -240,7 +265,7 @@ async fn read_file(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let query = ContentQuery(query);
-    let file = tree(&state, &id, &headers)?.read(query.path()?)?;
+    let file = tree(&state, &id, &headers)?.read(&query.path()?)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -260,7 +285,7 @@ async fn write_file(
 ) -> Result<(StatusCode, Json<VolumeEntryStat>), ApiError> {
     let query = ContentQuery(query);
     let tree = tree(&state, &id, &headers)?;
-    let mut file = tree.new_file(query.path()?, &query.change()?, query.flag("force")?)?;
+    let mut file = tree.new_file(&query.path()?, &query.change()?, query.flag("force")?)?;
     let mut chunks = body.into_data_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;

@@ -4,16 +4,20 @@
 //! with the volume's own token, and from the sandboxes that mount it. The driver holds each
 //! one on a filesystem of the volume's size, so the limit holds for every writer.
 //!
-//! This owns both the `volumes` rows and the directories under `<data>/volumes/<id>`.
+//! This owns both the `volumes` rows and the directories under `<data>/volumes/<id>`. Each key
+//! is held to a number of volumes and to their total size ([`VolumeLimits`]).
 
+mod path;
 mod tree;
+mod walk;
 
 use crate::driver::{Driver, DriverError};
 use crate::ids::{constant_time_eq, random_token};
 use crate::store::{valid_volume_name, Store, StoreError, VolumeMount, VolumeRecord};
 use airlock_wire::MAX_VOLUME_MOUNTS;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 pub use tree::{EntryKind, EntryStat, MetadataChange, NewFile, VolumeTree};
 use tree::{DEFAULT_GID, DEFAULT_UID};
 
@@ -42,6 +46,22 @@ pub enum VolumeError {
     Exists(String),
     #[error("the volume is full: it may hold {0} MB")]
     Full(u64),
+    #[error("this API key has its maximum of {0} volumes (--key-max-volumes); delete one first")]
+    TooMany(usize),
+    #[error(
+        "this API key's volumes may hold {max_mb} MiB together (--key-max-volume-mb); it has \
+         {used_mb} MiB in volumes, and a new one holds {size_mb} MiB; delete one first"
+    )]
+    KeyFull {
+        used_mb: u64,
+        size_mb: u64,
+        max_mb: u64,
+    },
+    #[error(
+        "the server's disk has {free_mb} MiB free, too little for a new volume of {size_mb} MiB \
+         (--volume-size-mb)"
+    )]
+    NoDisk { free_mb: u64, size_mb: u64 },
     #[error("volume '{name}' is mounted by sandbox {sandbox}; kill it (or let it end) first")]
     InUse { name: String, sandbox: String },
     #[error(transparent)]
@@ -72,21 +92,56 @@ pub struct MountRequest {
 /// Where a volume may not be mounted: the system's own trees and the agent's.
 const RESERVED_PATHS: &[&str] = &["/proc", "/sys", "/dev", "/opt/airlock", "/etc/hosts"];
 
+/// What volumes may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeLimits {
+    /// MiB each new volume holds.
+    pub size_mb: u64,
+    /// Most volumes one API key may have.
+    pub per_key: usize,
+    /// Most MiB one API key's volumes may hold together (the sum of their sizes).
+    pub per_key_mb: u64,
+}
+
 pub struct Volumes {
     store: Arc<Store>,
     driver: Arc<dyn Driver>,
     root: PathBuf,
-    size_limit_mb: u64,
+    limits: VolumeLimits,
+    /// Creates under way, by key: they count as the key's volumes until they are done.
+    creating: Mutex<HashMap<String, usize>>,
+}
+
+/// A create's place in [`Volumes::creating`], given back when it is dropped.
+struct Reservation<'a> {
+    volumes: &'a Volumes,
+    owner: &'a str,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut creating = self
+            .volumes
+            .creating
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = creating.get_mut(self.owner) {
+            *count -= 1;
+            if *count == 0 {
+                creating.remove(self.owner);
+            }
+        }
+    }
 }
 
 impl Volumes {
-    /// Volumes kept under `root` (created, mode 0700: only the server walks it), each new one
-    /// holding at most `size_limit_mb`.
+    /// Volumes kept under `root` (created, mode 0700: only the server walks it), held to
+    /// `limits`.
     pub fn new(
         store: Arc<Store>,
         driver: Arc<dyn Driver>,
         root: &Path,
-        size_limit_mb: u64,
+        limits: VolumeLimits,
     ) -> Result<Self, VolumeError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -98,7 +153,8 @@ impl Volumes {
             store,
             driver,
             root: root.to_owned(),
-            size_limit_mb,
+            limits,
+            creating: Mutex::new(HashMap::new()),
         })
     }
 
@@ -129,6 +185,43 @@ impl Volumes {
         self.root.join(id)
     }
 
+    /// Counts a create by `owner` as one of its volumes until the reservation is dropped, if
+    /// `owner` has room for one more, and the disk for its size.
+    fn reserve<'a>(&'a self, owner: &'a str) -> Result<Reservation<'a>, VolumeError> {
+        let limits = &self.limits;
+        let mut creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = creating.get(owner).copied().unwrap_or(0);
+        let owned = self.store.volumes(owner)?;
+        if owned.len() + pending >= limits.per_key {
+            return Err(VolumeError::TooMany(limits.per_key));
+        }
+        let used_mb = owned.iter().map(|v| v.size_limit_mb).fold(
+            (pending as u64).saturating_mul(limits.size_mb),
+            u64::saturating_add,
+        );
+        if used_mb.saturating_add(limits.size_mb) > limits.per_key_mb {
+            return Err(VolumeError::KeyFull {
+                used_mb,
+                size_mb: limits.size_mb,
+                max_mb: limits.per_key_mb,
+            });
+        }
+        // The file is sparse, but a volume the disk cannot hold would fail its writers later.
+        if let Some(space) = crate::disk_usage::disk_space(&self.root) {
+            if space.available >> 20 < limits.size_mb {
+                return Err(VolumeError::NoDisk {
+                    free_mb: space.available >> 20,
+                    size_mb: limits.size_mb,
+                });
+            }
+        }
+        *creating.entry(owner.to_owned()).or_default() += 1;
+        Ok(Reservation {
+            volumes: self,
+            owner,
+        })
+    }
+
     /// Makes `owner` a volume called `name`, empty.
     pub async fn create(
         &self,
@@ -144,12 +237,13 @@ impl Volumes {
             owner: owner.to_owned(),
             name: name.to_owned(),
             token: random_token(TOKEN_LEN),
-            size_limit_mb: self.size_limit_mb,
+            size_limit_mb: self.limits.size_mb,
             created_at: now,
         };
         if self.store.volumes(owner)?.iter().any(|v| v.name == name) {
             return Err(VolumeError::NameTaken(name.to_owned()));
         }
+        let _reservation = self.reserve(owner)?;
         let dir = self.dir(&record.id);
         std::fs::create_dir(&dir)
             .map_err(VolumeError::io(format!("creating {}", dir.display())))?;
@@ -284,12 +378,11 @@ fn check_mount_path(path: &str) -> Result<String, VolumeError> {
     let Some(rest) = trimmed.strip_prefix('/') else {
         return bad("must be absolute");
     };
-    if rest.split('/').any(|part| matches!(part, "" | "." | ".."))
-        || rest.contains('\0')
-        || trimmed.len() > 4096
-    {
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts.iter().any(|part| matches!(*part, "" | "." | "..")) || rest.contains('\0') {
         return bad("must be a plain path, without '.', '..' or empty parts");
     }
+    path::check_caps("mount path", trimmed, &parts)?;
     let reserved = |r: &&str| trimmed == *r || trimmed.starts_with(&format!("{r}/"));
     if RESERVED_PATHS.iter().any(reserved) {
         return bad("is in a tree the sandbox's system needs");
@@ -321,5 +414,7 @@ mod tests {
             assert!(check_mount_path(bad).is_err(), "{bad:?} was taken");
         }
         assert!(check_mount_path("/procfs").is_ok());
+        let too_deep = "/d".repeat(super::path::MAX_DEPTH + 1);
+        assert!(check_mount_path(&too_deep).is_err());
     }
 }

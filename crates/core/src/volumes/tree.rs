@@ -6,13 +6,15 @@
 //! climb out. The last component of a path that is changed (created, removed, chmodded) is
 //! handled relative to its parent's descriptor and never followed.
 
-use super::VolumeError;
+use super::path::{VolumePath, MAX_DEPTH};
+use super::{walk, VolumeError};
 use crate::ids::random_token;
 use chrono::{DateTime, Utc};
 use nix::errno::Errno;
 use nix::fcntl::{openat, openat2, renameat, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fchmodat, fstat, fstatat, mkdirat, FchmodatFlags, FileStat, Mode, SFlag};
 use nix::unistd::{fchownat, unlinkat, Gid, Uid, UnlinkatFlags};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -65,45 +67,6 @@ pub struct VolumeTree {
     limit_bytes: u64,
 }
 
-/// A volume path split into its components; `..` is refused rather than resolved.
-struct VolumePath<'a> {
-    parts: Vec<&'a str>,
-}
-
-impl<'a> VolumePath<'a> {
-    fn parse(path: &'a str) -> Result<Self, VolumeError> {
-        if path.contains('\0') {
-            return Err(VolumeError::BadPath("a volume path cannot hold NUL".into()));
-        }
-        let parts: Vec<&str> = path
-            .split('/')
-            .filter(|p| !p.is_empty() && *p != ".")
-            .collect();
-        if parts.contains(&"..") {
-            return Err(VolumeError::BadPath(format!(
-                "'{path}': '..' is not allowed in volume paths"
-            )));
-        }
-        Ok(VolumePath { parts })
-    }
-
-    fn display(&self) -> String {
-        format!("/{}", self.parts.join("/"))
-    }
-
-    /// The parent's components (relative, `.` for the root) and the last one; `None` for the
-    /// root itself.
-    fn split_last(&self) -> Option<(String, &'a str)> {
-        let (last, parent) = self.parts.split_last()?;
-        let parent = if parent.is_empty() {
-            ".".to_owned()
-        } else {
-            parent.join("/")
-        };
-        Some((parent, *last))
-    }
-}
-
 fn owned(fd: i32) -> OwnedFd {
     // SAFETY: `fd` was just returned by a successful open and is owned by no one else.
     unsafe { OwnedFd::from_raw_fd(fd) }
@@ -123,6 +86,7 @@ fn failed(path: &str, what: &str, limit_bytes: u64) -> impl FnOnce(Errno) -> Vol
         Errno::EEXIST => VolumeError::Exists(path),
         Errno::EISDIR => VolumeError::BadPath(format!("'{path}' is a directory")),
         Errno::ENOTEMPTY => VolumeError::BadPath(format!("'{path}' is not empty")),
+        Errno::ENAMETOOLONG => VolumeError::BadPath(format!("'{path}' leads to too long a path")),
         Errno::ENOSPC | Errno::EDQUOT => VolumeError::Full(limit_bytes >> 20),
         other => VolumeError::Io {
             what: format!("{what} '{path}'"),
@@ -144,9 +108,9 @@ fn time(secs: i64, nanos: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(secs, nanos.clamp(0, 999_999_999) as u32).unwrap_or_default()
 }
 
-fn entry(name: &str, path: String, st: &FileStat, target: Option<String>) -> EntryStat {
+fn entry(name: &OsStr, path: String, st: &FileStat, target: Option<String>) -> EntryStat {
     EntryStat {
-        name: name.to_owned(),
+        name: name.to_string_lossy().into_owned(),
         kind: kind_of(st),
         path,
         size: st.st_size.max(0) as u64,
@@ -230,10 +194,11 @@ impl VolumeTree {
         .map_err(failed(shown, "opening", self.limit_bytes))
     }
 
+    /// What `name` in `parent` is (a name as the directory holds it: bytes, not always UTF-8).
     fn stat_at(
         &self,
         parent: &OwnedFd,
-        name: &str,
+        name: &OsStr,
         shown: String,
     ) -> Result<EntryStat, VolumeError> {
         let st = fstatat(
@@ -262,63 +227,68 @@ impl VolumeTree {
                     "reading",
                     self.limit_bytes,
                 ))?;
-                Ok(entry("", shown, &st, None))
+                Ok(entry(OsStr::new(""), shown, &st, None))
             }
             Some((parent, name)) => {
                 let parent = self.dir_fd(&parent, &shown)?;
-                self.stat_at(&parent, name, shown)
+                self.stat_at(&parent, OsStr::new(name), shown)
             }
         }
     }
 
-    /// The entries under directory `path`, down to `depth` levels (1: its own entries).
+    /// The entries under directory `path`, down to `depth` levels (1: its own entries), at
+    /// most [`MAX_LISTED`] of them. Depth first, so that no more directories are open at once
+    /// than `depth`; an entry that vanishes meanwhile is left out.
     pub fn list(&self, path: &str, depth: u32) -> Result<Vec<EntryStat>, VolumeError> {
-        if depth == 0 {
-            return Err(VolumeError::BadPath("depth must be at least 1".into()));
+        if depth == 0 || depth as usize > MAX_DEPTH {
+            return Err(VolumeError::BadPath(format!(
+                "depth must be from 1 to {MAX_DEPTH}"
+            )));
         }
         let parsed = VolumePath::parse(path)?;
         let shown = parsed.display();
-        let relative = if parsed.parts.is_empty() {
-            ".".to_owned()
-        } else {
-            parsed.parts.join("/")
+        let start = self.dir_fd(&parsed.relative(), &shown)?;
+        let too_many = || {
+            VolumeError::BadPath(format!(
+                "'{shown}' holds more than {MAX_LISTED} entries at this depth; list less deep"
+            ))
         };
-        let start = self.dir_fd(&relative, &shown)?;
+        let read = |dir: &OwnedFd, at: &str, most: usize| {
+            walk::names(dir, most)
+                .map_err(failed(at, "listing", self.limit_bytes))?
+                .ok_or_else(too_many)
+        };
         let mut found = Vec::new();
-        let mut pending = vec![(start, shown.trim_end_matches('/').to_owned(), 1u32)];
-        while let Some((dir, at, level)) = pending.pop() {
-            let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-                .map_err(VolumeError::io(format!("listing '{at}'")))?;
-            let mut names: Vec<String> = listing
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            for name in names {
-                let stat = self.stat_at(&dir, &name, format!("{at}/{name}"))?;
-                if found.len() == MAX_LISTED {
-                    return Err(VolumeError::BadPath(format!(
-                        "'{shown}' holds more than {MAX_LISTED} entries at this depth; list \
-                         less deep"
-                    )));
+        let mut names_read = 0;
+        let top = shown.trim_end_matches('/').to_owned();
+        let names = read(&start, &shown, MAX_LISTED)?;
+        names_read += names.len();
+        let mut stack = vec![(start, top, names)];
+        loop {
+            let level = stack.len();
+            let Some((dir, at, names)) = stack.last_mut() else {
+                break;
+            };
+            let Some(name) = names.pop() else {
+                stack.pop();
+                continue;
+            };
+            let stat = match self.stat_at(dir, &name, format!("{at}/{}", name.to_string_lossy())) {
+                Err(VolumeError::PathNotFound(_)) => continue,
+                other => other?,
+            };
+            if stat.kind == EntryKind::Directory && level < depth as usize {
+                match walk::open_dir(dir.as_raw_fd(), &name) {
+                    Ok(sub) => {
+                        let names = read(&sub, &stat.path, MAX_LISTED - names_read)?;
+                        names_read += names.len();
+                        stack.push((sub, stat.path.clone(), names));
+                    }
+                    Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {}
+                    Err(e) => return Err(failed(&stat.path, "opening", self.limit_bytes)(e)),
                 }
-                if stat.kind == EntryKind::Directory && level < depth {
-                    let sub = openat(
-                        Some(dir.as_raw_fd()),
-                        name.as_str(),
-                        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map(owned)
-                    .map_err(failed(
-                        &stat.path,
-                        "opening",
-                        self.limit_bytes,
-                    ))?;
-                    pending.push((sub, stat.path.clone(), level + 1));
-                }
-                found.push(stat);
             }
+            found.push(stat);
         }
         found.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(found)
@@ -362,14 +332,11 @@ impl VolumeTree {
                 Err(Errno::EEXIST) => {}
                 Err(e) => return Err(failed(&at, "making", self.limit_bytes)(e)),
             }
-            dir = openat(
-                Some(dir.as_raw_fd()),
-                *part,
-                OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map(owned)
-            .map_err(failed(&at, "opening", self.limit_bytes))?;
+            dir = walk::open_dir(dir.as_raw_fd(), OsStr::new(part)).map_err(failed(
+                &at,
+                "opening",
+                self.limit_bytes,
+            ))?;
         }
         Ok(dir)
     }
@@ -408,14 +375,14 @@ impl VolumeTree {
                 apply(&made, &st, &change).map_err(failed(&shown, "changing", self.limit_bytes))?;
             }
             Err(Errno::EEXIST) if parents => {
-                let existing = self.stat_at(&parent, name, shown.clone())?;
+                let existing = self.stat_at(&parent, OsStr::new(name), shown.clone())?;
                 if existing.kind != EntryKind::Directory {
                     return Err(VolumeError::Exists(shown));
                 }
             }
             Err(e) => return Err(failed(&shown, "making", self.limit_bytes)(e)),
         }
-        self.stat_at(&parent, name, shown)
+        self.stat_at(&parent, OsStr::new(name), shown)
     }
 
     /// Starts writing file `path` (its parents made first with `parents`); the file replaces
@@ -457,7 +424,7 @@ impl VolumeTree {
             return Err(VolumeError::BadPath(format!("'{shown}' is a directory")));
         }
         let fd = self.resolve(
-            &parsed.parts.join("/"),
+            &parsed.relative(),
             OFlag::O_RDONLY | OFlag::O_NONBLOCK,
             &shown,
         )?;
@@ -471,42 +438,19 @@ impl VolumeTree {
         }
     }
 
-    /// Removes `path`: a file or symlink, or a directory with everything in it.
+    /// Removes `path`: a file or symlink, or a directory with everything in it (however deep
+    /// a sandbox made it; see [`walk::remove_tree`]).
     pub fn remove(&self, path: &str) -> Result<(), VolumeError> {
         let parsed = VolumePath::parse(path)?;
         let shown = parsed.display();
         let parent = self.parent_of(&parsed, false)?;
         let (_, name) = parsed.split_last().expect("parent_of refused the root");
-        self.remove_at(&parent, name, &shown)
-    }
-
-    fn remove_at(&self, parent: &OwnedFd, name: &str, shown: &str) -> Result<(), VolumeError> {
-        let stat = self.stat_at(parent, name, shown.to_owned())?;
-        if stat.kind == EntryKind::Directory {
-            let dir = openat(
-                Some(parent.as_raw_fd()),
-                name,
-                OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map(owned)
-            .map_err(failed(shown, "opening", self.limit_bytes))?;
-            let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-                .map_err(VolumeError::io(format!("listing '{shown}'")))?;
-            for child in listing.flatten() {
-                let child = child.file_name().to_string_lossy().into_owned();
-                self.remove_at(&dir, &child, &format!("{shown}/{child}"))?;
-            }
-        }
-        let how = match stat.kind {
-            EntryKind::Directory => UnlinkatFlags::RemoveDir,
-            _ => UnlinkatFlags::NoRemoveDir,
+        let name = OsStr::new(name);
+        let removed = match self.stat_at(&parent, name, shown.clone())?.kind {
+            EntryKind::Directory => walk::remove_tree(parent.as_raw_fd(), name),
+            _ => unlinkat(Some(parent.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir),
         };
-        unlinkat(Some(parent.as_raw_fd()), name, how).map_err(failed(
-            shown,
-            "removing",
-            self.limit_bytes,
-        ))
+        removed.map_err(failed(&shown, "removing", self.limit_bytes))
     }
 
     /// Changes `path`'s owner or mode (a symlink's own owner; a symlink has no mode).
@@ -529,7 +473,7 @@ impl VolumeTree {
         apply(&fd, &st, change).map_err(failed(&shown, "changing", self.limit_bytes))?;
         match parent {
             None => self.stat("/"),
-            Some((parent, name)) => self.stat_at(&parent, name, shown),
+            Some((parent, name)) => self.stat_at(&parent, OsStr::new(name), shown),
         }
     }
 }
@@ -577,7 +521,12 @@ impl NewFile {
             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
         )
         .map_err(failed(&self.shown, "reading", self.limit_bytes))?;
-        Ok(entry(&self.name, self.shown.clone(), &tree_stat, None))
+        Ok(entry(
+            OsStr::new(&self.name),
+            self.shown.clone(),
+            &tree_stat,
+            None,
+        ))
     }
 }
 
@@ -607,21 +556,6 @@ mod tests {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut tree.read(path)?, &mut text).unwrap();
         Ok(text)
-    }
-
-    #[test]
-    fn paths_are_split_and_dot_dot_is_refused() {
-        let parts = |p: &str| VolumePath::parse(p).map(|v| v.display());
-        assert_eq!(parts("a/./b//c/").unwrap(), "/a/b/c");
-        assert_eq!(parts("").unwrap(), "/");
-        assert!(parts("a/../b").is_err());
-        assert!(parts("a\0b").is_err());
-        let parsed = VolumePath::parse("/x/y").unwrap();
-        assert_eq!(parsed.split_last(), Some(("x".to_owned(), "y")));
-        assert_eq!(
-            VolumePath::parse("y").unwrap().split_last(),
-            Some((".".to_owned(), "y"))
-        );
     }
 
     #[test]
@@ -663,5 +597,29 @@ mod tests {
         tree.remove("a").unwrap();
         assert!(matches!(tree.stat("a"), Err(VolumeError::PathNotFound(_))));
         assert!(matches!(tree.remove("/"), Err(VolumeError::BadPath(_))));
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_listed_and_removed() {
+        use std::os::unix::ffi::OsStrExt;
+        let host = tempfile::tempdir().unwrap();
+        let volume = host.path().join("vol");
+        let odd = volume.join("d").join(OsStr::from_bytes(b"\xff\xfe"));
+        std::fs::create_dir_all(&odd).unwrap();
+        std::fs::write(odd.join("f"), "x").unwrap();
+        let tree = VolumeTree::open(&volume, 1).unwrap();
+        let paths: Vec<String> = tree
+            .list("/", 3)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(
+            paths,
+            ["/d", "/d/\u{fffd}\u{fffd}", "/d/\u{fffd}\u{fffd}/f"]
+        );
+        assert!(matches!(tree.list("/", 129), Err(VolumeError::BadPath(_))));
+        tree.remove("d").unwrap();
+        assert!(tree.list("/", 1).unwrap().is_empty());
     }
 }

@@ -3,6 +3,7 @@
 use super::*;
 use crate::driver::{LaunchSpec, Placement};
 use crate::store::{PauseMode, SandboxState, TemplateDefaults, TemplateRecord};
+use crate::volumes::VolumeLimits;
 use airlock_wire::logs::LogLevel;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -11,6 +12,7 @@ mod admission;
 mod freezer;
 mod parking;
 mod shutdown;
+mod volume_caps;
 
 /// What every image of the recording driver takes on disk.
 const IMAGE_SIZE: u64 = 3 << 20;
@@ -298,7 +300,12 @@ fn test_volumes(
     driver: Arc<RecordingDriver>,
     data: &std::path::Path,
 ) -> Arc<Volumes> {
-    Arc::new(Volumes::new(store.clone(), driver, &data.join("volumes"), 16).unwrap())
+    let limits = VolumeLimits {
+        size_mb: 16,
+        per_key: 4,
+        per_key_mb: 64,
+    };
+    Arc::new(Volumes::new(store.clone(), driver, &data.join("volumes"), limits).unwrap())
 }
 
 /// A new server process on the same store and host (and data dir).
