@@ -150,3 +150,18 @@ def test_a_public_template_never_shadows_another_keys_names(names, other_key):
         assert Template.exists(namespaced, api_key=other_key)
     finally:
         assert Sandbox.delete_snapshot(name, api_key=other_key)
+
+
+def test_a_step_that_leaves_a_deep_tree_takes_nothing_down(server, names):
+    """A build step's layer is a tree on the host that the step's sandbox made; removing one of
+    any depth (here a failed step's, thrown away) must not take the server down."""
+    deep = ("python3 -c \"import os\nfor _ in range(15000):\n    os.mkdir('d'); os.chdir('d')\"; "
+            f"echo {uuid.uuid4().hex}; exit 3")
+    name = names()
+    with pytest.raises(Exception) as failed:
+        Template.build(Template().from_template("base").run_cmd(deep, user="root"), name)
+    assert "exit code 3" in str(failed.value), failed.value
+    assert server.proc.poll() is None, "the server is alive"
+    # Positive control: the builder goes on with the next build.
+    Template.build(Template().from_template("base").run_cmd(f"echo {uuid.uuid4().hex}"), name)
+    assert Template.exists(name)

@@ -12,3 +12,4 @@ pub mod lifecycle;
 pub mod store;
 pub mod template;
 pub mod volumes;
+mod walk;

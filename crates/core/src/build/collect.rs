@@ -202,12 +202,9 @@ async fn size_of(path: &Path) -> u64 {
 
 async fn remove(path: &Path, done: &mut Collected) -> Result<(), BuildError> {
     done.bytes += size_of(path).await;
-    let result = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => tokio::fs::remove_dir_all(path).await,
-        Ok(_) => tokio::fs::remove_file(path).await,
-        Err(_) => Ok(()),
-    };
-    result.map_err(BuildError::io(format!("removing {}", path.display())))
+    crate::walk::remove_path(path)
+        .await
+        .map_err(BuildError::io(format!("removing {}", path.display())))
 }
 
 fn is_sha256(text: &str) -> bool {

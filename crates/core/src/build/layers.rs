@@ -149,7 +149,7 @@ impl Layers {
         unmount(&step.merged).await?;
         let inbox = step.dir.join("upper").join(INBOX);
         // `symlink_metadata`: the step may have put anything there; only our directory goes
-        // (and `remove_dir_all` never follows a link under it).
+        // (and the removal never follows a link under it).
         if std::fs::symlink_metadata(&inbox).is_ok_and(|m| m.is_dir()) {
             remove_all(&inbox).await?;
         }
@@ -354,8 +354,10 @@ fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
     renameat2(None, from, None, to, RenameFlags::RENAME_NOREPLACE).map_err(std::io::Error::from)
 }
 
+/// Removes a layer or a step's directory: what a build sandbox wrote, so any depth (see
+/// `crate::walk`).
 async fn remove_all(dir: &Path) -> Result<(), BuildError> {
-    tokio::fs::remove_dir_all(dir)
+    crate::walk::remove_path(dir)
         .await
         .map_err(BuildError::io(format!("removing {}", dir.display())))
 }

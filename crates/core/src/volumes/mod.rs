@@ -9,7 +9,6 @@
 
 mod path;
 mod tree;
-mod walk;
 
 use crate::driver::{Driver, DriverError};
 use crate::ids::{constant_time_eq, random_token};

@@ -7,7 +7,8 @@
 //! handled relative to its parent's descriptor and never followed.
 
 use super::path::{VolumePath, MAX_DEPTH};
-use super::{walk, VolumeError};
+use super::VolumeError;
+use crate::walk;
 use crate::ids::random_token;
 use chrono::{DateTime, Utc};
 use nix::errno::Errno;

@@ -1,6 +1,6 @@
-//! Walks over trees in a volume, which a sandbox may have planted: of any depth (a loop of
-//! `mkdir d; cd d` goes far past the path caps), with names that are bytes rather than UTF-8,
-//! with links anywhere, and changing while they are walked. So walks are loops, never
+//! Walks over trees a sandbox may have made (in a volume, or in a build step's layer): of any
+//! depth (a loop of `mkdir d; cd d` goes far past the path caps), with names that are bytes
+//! rather than UTF-8, with links anywhere, and changing while they are walked. So walks are loops, never
 //! recursion; each holds a bounded number of directories open; names are passed on as the bytes
 //! they are; a directory is entered through its parent's descriptor with `O_NOFOLLOW`, never
 //! through a link and never through `..`; and what vanishes meanwhile is taken as gone.
@@ -25,7 +25,7 @@ const ASIDE_PREFIX: &str = ".airlock-removing-";
 
 /// Opens the directory `name` in `dir`, itself: a symlink is not followed (`ELOOP` or
 /// `ENOTDIR`).
-pub(super) fn open_dir(dir: RawFd, name: &OsStr) -> Result<OwnedFd, Errno> {
+pub(crate) fn open_dir(dir: RawFd, name: &OsStr) -> Result<OwnedFd, Errno> {
     let fd = openat(
         Some(dir),
         name,
@@ -47,7 +47,7 @@ fn entries(dir: &OwnedFd) -> Result<ReadDir, Errno> {
 }
 
 /// The entries of `dir`; `None` if there are more than `most`, which are then not all read.
-pub(super) fn names(dir: &OwnedFd, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
+pub(crate) fn names(dir: &OwnedFd, most: usize) -> Result<Option<Vec<OsString>>, Errno> {
     let mut found = Vec::new();
     for entry in entries(dir)? {
         if found.len() == most {
@@ -81,11 +81,40 @@ impl Removing {
     }
 }
 
+/// Removes `path` (a file, a link, or a directory and everything in it, as [`remove_tree`]
+/// does) on a blocking thread: what a sandbox made may be any depth, which `remove_dir_all`
+/// would recurse through on a small stack.
+pub(crate) async fn remove_path(path: &std::path::Path) -> std::io::Result<()> {
+    let path = path.to_owned();
+    let removed = tokio::task::spawn_blocking(move || {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(Errno::EINVAL);
+        };
+        let parent: OwnedFd = std::fs::File::open(parent).map_err(errno)?.into();
+        match nix::sys::stat::fstatat(
+            Some(parent.as_raw_fd()),
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR => {
+                remove_tree(parent.as_raw_fd(), name)
+            }
+            Ok(_) => unlinkat(Some(parent.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir),
+            Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    });
+    removed
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(std::io::Error::from)
+}
+
 /// Removes the directory `name` in `parent` and everything in it, with at most
 /// [`MAX_OPEN_DIRS`] directories open: a subdirectory deeper than that is renamed into the
 /// top directory being removed, under a name of its own, which is read again before it is
 /// removed. Links are removed, never followed.
-pub(super) fn remove_tree(parent: RawFd, name: &OsStr) -> Result<(), Errno> {
+pub(crate) fn remove_tree(parent: RawFd, name: &OsStr) -> Result<(), Errno> {
     let mut stack = vec![Removing::open(parent, name)?];
     let mut rereads_left = SPARE_REREADS;
     while let Some(top) = stack.last_mut() {
