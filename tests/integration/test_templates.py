@@ -2,6 +2,7 @@
 RUN runs in a gVisor build sandbox, its layer is cached, and the template then starts sandboxes
 like a built-in, with its files, env vars, user and workdir. Templates belong to their key."""
 
+import hashlib
 import io
 import json
 import os
@@ -425,8 +426,12 @@ def test_templates_are_listed_got_and_made_public_through_the_sdks_client(names,
         Sandbox.create(name, api_key=other_key)
     updated = patch_v_2_templates_template_id.sync(
         info.template_id, client=client, body=TemplateUpdateRequest(public=True))
-    assert updated.names == [name]
-    sbx = Sandbox.create(name, api_key=other_key)
+    namespaced = f"{hashlib.sha256(API_KEY.encode()).hexdigest()[:12]}/{name}"
+    assert updated.names == [name, namespaced]
+    # Other keys name it with its owner's namespace: a bare name is always their own.
+    with pytest.raises(Exception):
+        Sandbox.create(name, api_key=other_key)
+    sbx = Sandbox.create(namespaced, api_key=other_key)
     try:
         assert sbx.commands.run("cat /shared").stdout.strip() == "shared"
     finally:

@@ -128,16 +128,17 @@ def test_a_keys_builds_templates_disk_and_time_are_bounded(server, restarted, na
     status, body = server.api(
         "POST", f"/v2/templates/{tid}/builds/{bid}",
         {"fromTemplate": "base", "force": False,
-         "steps": run(f"head -c 60000000 /dev/urandom > /big; echo {uuid.uuid4().hex}")})
+         "steps": run(f"head -c 60000000 /dev/urandom > /home/user/big && echo {uuid.uuid4().hex}")})
     assert status == 202, body
     info = wait_for(server, tid, bid, ["ready", "error"])
     assert info["status"] == "error" and "--key-max-template-storage-mb" in \
         info["reason"]["message"], info
     theirs = names(other_key)
-    Template.build(Template().from_template("base").run_cmd("head -c 30000000 /dev/urandom > /f"),
+    Template.build(Template().from_template("base")
+                   .run_cmd("head -c 30000000 /dev/urandom > /home/user/f"),
                    theirs, api_key=other_key)
     sbx = Sandbox.create(theirs, api_key=other_key)
     try:
-        assert sbx.commands.run("stat -c %s /f").stdout.strip() == "30000000"
+        assert sbx.commands.run("stat -c %s /home/user/f").stdout.strip() == "30000000"
     finally:
         sbx.kill()

@@ -470,7 +470,8 @@ impl Builder {
                 if let Err(e) = self.layers.discard(mount).await {
                     tracing::warn!(build = %job.build_id, error = %e, "discarding a failed step");
                 }
-                Err(fail(message))
+                // A cancel or the deadline says so plainly; the step is in the failure.
+                Err(fail(stop.reason().unwrap_or(message)))
             }
         }
     }
