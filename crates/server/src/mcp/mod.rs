@@ -8,6 +8,7 @@
 //! session is only ever reached with the key that opened it (see [`owners`]).
 
 mod calls;
+mod local_files;
 mod owners;
 mod session;
 mod tools;
@@ -18,6 +19,7 @@ use crate::AppState;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use local_files::FilesDir;
 use owners::SessionOwners;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -41,10 +43,10 @@ const INSTRUCTIONS: &str = "Airlock runs code in isolated Linux sandboxes. run_c
     sandbox_id share this session's sandbox, started on first use.";
 
 /// How a session reaches the API.
-#[derive(Clone)]
 enum Api {
-    /// stdio: one client, with the key `airlock mcp` was given; local files are the user's.
-    Fixed(Client),
+    /// stdio: one client, with the key `airlock mcp` was given; local files are the user's,
+    /// in one directory.
+    Fixed(Client, FilesDir),
     /// HTTP: the server itself over loopback, with the key of each request.
     PerRequest { base: String },
 }
@@ -59,7 +61,7 @@ impl AirlockMcp {
     /// The client for this call, and how it finds its default sandbox.
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<(Client, Scope), String> {
         match &self.api {
-            Api::Fixed(client) => Ok((client.clone(), Scope::Session)),
+            Api::Fixed(client, _) => Ok((client.clone(), Scope::Session)),
             Api::PerRequest { base } => {
                 let parts = ctx.extensions.get::<http::request::Parts>();
                 let key = parts.and_then(|p| p.extensions.get::<CallerKey>());
@@ -85,7 +87,10 @@ impl AirlockMcp {
     ) -> Result<Vec<ContentBlock>, String> {
         use tools::arguments;
         let (client, scope) = self.client(ctx)?;
-        let local_files = matches!(self.api, Api::Fixed(_));
+        let local_files = match &self.api {
+            Api::Fixed(_, files) => Some(files),
+            Api::PerRequest { .. } => None,
+        };
         let name = request.name.as_ref();
         let args = request.arguments;
         let sandboxes = &self.sandboxes;
@@ -185,15 +190,18 @@ impl ServerHandler for AirlockMcp {
 }
 
 /// `airlock mcp`: serves one session on stdin and stdout until the client closes them, then
-/// kills the sandboxes the session started.
+/// kills the sandboxes the session started. `local_path`s are kept to `files_dir` (by
+/// default the current directory).
 pub async fn stdio(
     client: Client,
     template: String,
     timeout: Duration,
+    files_dir: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, CliError> {
+    let files = FilesDir::new(files_dir).map_err(|e| CliError::Failed(e.to_string()))?;
     let sandboxes = Arc::new(SessionSandboxes::new(template, timeout));
     let handler = AirlockMcp {
-        api: Api::Fixed(client),
+        api: Api::Fixed(client, files),
         sandboxes: sandboxes.clone(),
     };
     let failed = |e: String| CliError::Failed(format!("MCP over stdio: {e}"));
