@@ -38,18 +38,27 @@ class Browser:
             os.close(fd)
         self.next_id = 0
         self.buffer = b""
+        # What a person would type into the browser's Basic prompt, and how often it asked.
+        self.basic_credentials = None
+        self.basic_prompts = 0
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.call("Page.enable", session=True)
         self.call("Runtime.enable", session=True)
 
-    def call(self, method, session=False, **params):
-        """Sends one command (to the page with `session`) and returns its result."""
+    def send(self, method, session=False, **params):
+        """Sends one command without waiting for its answer; returns its id."""
         self.next_id += 1
         message = {"id": self.next_id, "method": method, "params": params}
         if session:
             message["sessionId"] = self.session
         os.write(self.to_browser, json.dumps(message).encode() + b"\0")
+        return self.next_id
+
+    def call(self, method, session=False, **params):
+        """Sends one command (to the page with `session`) and returns its result. Events that
+        arrive meanwhile are handled here (see `on_event`)."""
+        sent = self.send(method, session, **params)
         while True:
             while b"\0" not in self.buffer:
                 chunk = os.read(self.from_browser, 1 << 20)
@@ -58,10 +67,39 @@ class Browser:
                 self.buffer += chunk
             raw, self.buffer = self.buffer.split(b"\0", 1)
             answer = json.loads(raw)
-            if answer.get("id") == self.next_id:
+            if "method" in answer:
+                self.on_event(answer)
+            elif answer.get("id") == sent:
                 if "error" in answer:
                     raise RuntimeError(f"{method}: {answer['error']}")
                 return answer.get("result", {})
+
+    def on_event(self, event):
+        """Lets paused requests go on, and answers the browser's Basic prompt as a person
+        would: the first time with `basic_credentials` (after that the browser remembers them
+        itself), and by cancelling any later prompt."""
+        params = event.get("params", {})
+        if event["method"] == "Fetch.requestPaused":
+            self.send("Fetch.continueRequest", session=True, requestId=params["requestId"])
+        elif event["method"] == "Fetch.authRequired":
+            self.basic_prompts += 1
+            answer = {"response": "CancelAuth"}
+            if self.basic_credentials and self.basic_prompts == 1:
+                user, password = self.basic_credentials
+                answer = {"response": "ProvideCredentials", "username": user, "password": password}
+            self.send("Fetch.continueWithAuth", session=True, requestId=params["requestId"],
+                      authChallengeResponse=answer)
+
+    def answer_basic_prompt(self, user, password):
+        """From now on, a Basic prompt of any page is answered once with these (the page's
+        requests pause until the next command sends the answer, so keep calling in)."""
+        self.basic_credentials = (user, password)
+        self.call("Fetch.enable", session=True, handleAuthRequests=True,
+                  patterns=[{"urlPattern": "*"}])
+
+    def downloads_to(self, directory):
+        """Files the browser downloads are saved in `directory`, under their own names."""
+        self.call("Browser.setDownloadBehavior", behavior="allow", downloadPath=str(directory))
 
     def headers(self, headers):
         """Sends these headers with every request the page makes."""
@@ -109,3 +147,15 @@ class Browser:
         os.close(self.to_browser)
         os.close(self.from_browser)
         shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def open_dashboard(browser, server_url, key):
+    """Opens Airlock's dashboard as its user would: answering whatever it asks for the key (the
+    browser's Basic prompt, or the page's own key form), until it shows the key's sandboxes."""
+    browser.answer_basic_prompt("airlock", key)
+    browser.open(f"{server_url}/dashboard/")
+    browser.wait_for("document.readyState === 'complete'")
+    if browser.eval("!!document.getElementById('key-form')"):
+        browser.eval(f"document.getElementById('api-key').value = {json.dumps(key)}; "
+                     "document.getElementById('key-form').requestSubmit(); true")
+    browser.wait_for("document.body.dataset.loaded === 'yes'")

@@ -21,10 +21,10 @@ TOOLS = {"run_code", "run_command", "read_file", "write_file", "list_files", "up
          "download", "create_sandbox", "kill_sandbox"}
 
 
-def stdio(server, key=API_KEY):
+def stdio(server, key=API_KEY, cwd=None, args=()):
     from mcp import StdioServerParameters
-    return StdioServerParameters(command=str(AIRLOCK), args=["--url", server.url, "mcp"],
-                                 env={"AIRLOCK_API_KEY": key})
+    return StdioServerParameters(command=str(AIRLOCK), args=["--url", server.url, "mcp", *args],
+                                 env={"AIRLOCK_API_KEY": key}, cwd=cwd)
 
 
 def http(server, key=API_KEY):
@@ -43,13 +43,14 @@ CONNECTIONS = {
 }
 
 
-def session(server, connection, steps, key=API_KEY):
-    """Runs `await steps(client)` in one MCP session over `connection`; returns its result."""
+def session(server, connection, steps, key=API_KEY, **how):
+    """Runs `await steps(client)` in one MCP session over `connection` (made with `how`, e.g.
+    stdio's cwd); returns its result."""
     from mcp import Client
     make, mode = CONNECTIONS[connection]
 
     async def main():
-        async with Client(make(server, key), mode=mode) as client:
+        async with Client(make(server, key, **how), mode=mode) as client:
             return await steps(client)
     return asyncio.run(main())
 
@@ -130,17 +131,20 @@ def test_files_go_both_ways(server, connection, tmp_path):
 
 
 def test_local_files_are_the_callers_only_over_stdio(server, tmp_path):
-    source = tmp_path / "in.csv"
-    source.write_text("city,salary\nOslo,1\n")
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "in.csv").write_text("city,salary\nOslo,1\n")
+    (files / "out").mkdir()
 
     async def steps(client):
-        up = await client.call_tool("upload", {"path": "in.csv", "local_path": str(source)})
+        up = await client.call_tool("upload", {"path": "in.csv", "local_path": "in.csv"})
         down = await client.call_tool("download", {"path": "in.csv",
-                                                   "local_path": str(tmp_path / "out.csv")})
+                                                   "local_path": str(files / "out" / "got.csv")})
         return up, down
-    up, down = session(server, "stdio", steps)
+    # Relative to the directory it started in, or absolute inside it.
+    up, down = session(server, "stdio", steps, cwd=files)
     assert not up.is_error and not down.is_error, (text_of(up), text_of(down))
-    assert (tmp_path / "out.csv").read_text() == source.read_text()
+    assert (files / "out" / "got.csv").read_text() == (files / "in.csv").read_text()
 
     # Over HTTP the server's files are not the caller's: refused, and nothing is written.
     async def remote(client):
@@ -150,6 +154,54 @@ def test_local_files_are_the_callers_only_over_stdio(server, tmp_path):
     for result in session(server, "http-session", remote):
         assert result.is_error and "stdio" in text_of(result)
     assert not (tmp_path / "leak").exists()
+
+
+def test_local_paths_stay_in_the_files_dir(server, tmp_path):
+    """Issue 31: a model (or a prompt injected into it) names the local paths, so they must not
+    reach the user's other files: absolute paths elsewhere, `..`, and symlinks that lead out
+    are tool errors, both in the directory `airlock mcp` started in and in `--files-dir`."""
+    secret = tmp_path / "home" / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("PRIVATE KEY 9f2c")
+    files = tmp_path / "files"
+    (files / "sub").mkdir(parents=True)
+    (files / "ok.txt").write_text("fine to send")
+    (files / "key").symlink_to(secret)
+    (files / "ssh").symlink_to(secret.parent)
+    (files / "sub" / "up").symlink_to(tmp_path / "home")
+
+    async def steps(client):
+        await client.call_tool("write_file", {"path": "/home/user/from-sandbox", "content": "x"})
+        results = {}
+        for local in [str(secret), "../home/.ssh/id_ed25519", "sub/../../home/.ssh/id_ed25519",
+                      "key", "ssh/id_ed25519", "sub/up/.ssh/id_ed25519"]:
+            results[f"upload {local}"] = await client.call_tool(
+                "upload", {"path": "/home/user/stolen", "local_path": local})
+        stolen = await client.call_tool("read_file", {"path": "/home/user/stolen"})
+        for local in [str(tmp_path / "home" / "planted"), "../home/planted",
+                      "ssh/authorized_keys", "sub/up/planted", "key"]:
+            results[f"download {local}"] = await client.call_tool(
+                "download", {"path": "/home/user/from-sandbox", "local_path": local})
+        ok = await client.call_tool("upload", {"path": "/home/user/ok.txt",
+                                               "local_path": "ok.txt"})
+        back = await client.call_tool("download", {"path": "/home/user/ok.txt",
+                                                   "local_path": "sub/back.txt"})
+        return results, stolen, ok, back
+
+    for how in ({"cwd": files}, {"args": ["--files-dir", str(files)]}):
+        results, stolen, ok, back = session(server, "stdio", steps, **how)
+        for what, result in results.items():
+            assert result.is_error, (how, what, text_of(result))
+            assert "outside" in text_of(result), (how, what, text_of(result))
+        assert "9f2c" not in text_of(stolen), how
+        assert stolen.is_error, (how, text_of(stolen))
+        assert secret.read_text() == "PRIVATE KEY 9f2c"
+        assert sorted(p.name for p in (tmp_path / "home").iterdir()) == [".ssh"]
+        assert sorted(p.name for p in secret.parent.iterdir()) == ["id_ed25519"]
+        # The positive control: a file of the directory goes in and comes back.
+        assert not ok.is_error and not back.is_error, (text_of(ok), text_of(back))
+        assert (files / "sub" / "back.txt").read_text() == "fine to send"
+        (files / "sub" / "back.txt").unlink()
 
 
 def test_bad_input_gets_tool_errors_and_the_session_goes_on(server, connection):

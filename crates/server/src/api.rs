@@ -100,7 +100,11 @@ impl FromRequestParts<AppState> for Owned {
     }
 }
 
-async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn require_api_key(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let key = req
         .headers()
         .get("x-api-key")

@@ -305,6 +305,10 @@ enum Command {
         /// Seconds the session's sandbox lives after its last call.
         #[arg(long, default_value_t = airlock_server::mcp::DEFAULT_SANDBOX_TIMEOUT.as_secs())]
         sandbox_timeout: u64,
+        /// The one directory whose files `local_path` (in upload and download) may name
+        /// [default: the current directory; none if that is /].
+        #[arg(long)]
+        files_dir: Option<PathBuf>,
         /// Print the tools' names, descriptions and JSON schemas, and exit.
         #[arg(long)]
         print_tools: bool,
@@ -466,10 +470,11 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Mcp {
             template,
             sandbox_timeout,
+            files_dir,
             ..
         } => {
             let timeout = std::time::Duration::from_secs(sandbox_timeout);
-            airlock_server::mcp::stdio(client(), template, timeout).await
+            airlock_server::mcp::stdio(client(), template, timeout, files_dir).await
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -1,6 +1,11 @@
 //! Sandbox traffic: requests that name a sandbox (by `E2b-Sandbox-Id`, by a Host of the form
 //! `{port}-{id}.{domain}`, or by a signed `/files` URL) are forwarded to that sandbox's agent.
 //!
+//! A sandbox's bytes served on the API's own origin (routed by header, or a signed URL) could
+//! otherwise be a page of that origin, e.g. the dashboard's: they come with a sandboxing
+//! Content Security Policy and `nosniff`, and a signed URL's as a download (see [`confine`]).
+//! A sandbox's own host name is an origin of its own, so a web app there is served as it is.
+//!
 //! Bodies stream both ways unbuffered. When a sandbox is killed or paused its open responses are
 //! cut, so the SDK sees the stream break (not a clean end), as it does against E2B.
 //!
@@ -71,11 +76,7 @@ pub fn classify(headers: &HeaderMap, uri: &Uri) -> Option<Target> {
             port,
         });
     }
-    if let Some(target) = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_sandbox_host)
-    {
+    if let Some(target) = sandbox_host(headers) {
         return Some(target);
     }
     let signed = uri.path() == "/files"
@@ -83,6 +84,55 @@ pub fn classify(headers: &HeaderMap, uri: &Uri) -> Option<Target> {
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("signature=")));
     signed.then_some(Target::SignedFiles)
+}
+
+/// The sandbox and port the request's Host names, if it names one.
+fn sandbox_host(headers: &HeaderMap) -> Option<Target> {
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_sandbox_host)
+}
+
+/// How a browser may show a sandbox's answer on the API's origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// Routed by header: a browser cannot navigate to it, but a page of the origin can fetch it.
+    AsIs,
+    /// A signed URL, which anyone may be sent to open: saved as a file, never shown.
+    AsDownload,
+}
+
+/// Makes a sandbox's answer harmless on the API's origin, whatever the sandbox said: its
+/// content type is not second-guessed, and if a browser shows it anyway it is a sandboxed
+/// document of no origin, whose scripts cannot run and which no request of the API's origin
+/// (e.g. the dashboard's) can come from.
+fn confine(mut answer: Response, shown: Shown) -> Response {
+    let headers = answer.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("sandbox"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    if shown == Shown::AsDownload {
+        let disposition = attachment(headers.get(header::CONTENT_DISPOSITION));
+        headers.insert(header::CONTENT_DISPOSITION, disposition);
+    }
+    answer
+}
+
+/// `attachment`, with the file name (the parameters) of the agent's `inline; filename=...`.
+fn attachment(given: Option<&header::HeaderValue>) -> header::HeaderValue {
+    let params = given
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(';'))
+        .map(|(_, params)| params);
+    params
+        .and_then(|p| header::HeaderValue::from_str(&format!("attachment;{p}")).ok())
+        .unwrap_or_else(|| header::HeaderValue::from_static("attachment"))
 }
 
 /// `49983-abc123.example.test[:port]` → sandbox `abc123`, port 49983.
@@ -112,6 +162,13 @@ pub async fn route_sandbox_traffic(
     match classify(req.headers(), req.uri()) {
         None => next.run(req).await,
         Some(Target::Sandbox { id, port }) => {
+            // Served as it is only on the sandbox's own origin (its port's host name).
+            let own_origin = sandbox_host(req.headers()).is_some_and(|host| {
+                host == Target::Sandbox {
+                    id: id.clone(),
+                    port,
+                }
+            });
             let sandbox = match state.lifecycle.running(&id).await {
                 Ok(sandbox) => sandbox,
                 Err(_) => match crate::auto_resume::wake(&state, &id, port, req.headers()).await {
@@ -130,10 +187,18 @@ pub async fn route_sandbox_traffic(
                 )
                 .into_response();
             }
-            forward(&state, sandbox, port, req).await
+            let answer = forward(&state, sandbox, port, req).await;
+            if own_origin {
+                answer
+            } else {
+                confine(answer, Shown::AsIs)
+            }
         }
         Some(Target::SignedFiles) => match signer_of(&state, req.method(), req.uri()).await {
-            Some(sandbox) => forward(&state, sandbox, ENVD_PORT, req).await,
+            Some(sandbox) => confine(
+                forward(&state, sandbox, ENVD_PORT, req).await,
+                Shown::AsDownload,
+            ),
             None => crate::error::ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "the signature matches no running sandbox",
@@ -418,6 +483,21 @@ mod tests {
         assert_eq!(classify(&headers(&[]), &signed), Some(Target::SignedFiles));
         let health: Uri = "/health".parse().unwrap();
         assert_eq!(classify(&headers(&[]), &health), None);
+    }
+
+    #[test]
+    fn downloads_keep_their_file_name() {
+        let value = |s: &str| header::HeaderValue::from_str(s).unwrap();
+        assert_eq!(
+            attachment(Some(&value("inline; filename=report.html"))),
+            "attachment; filename=report.html"
+        );
+        assert_eq!(
+            attachment(Some(&value("inline; filename*=utf-8''%C3%A9.txt"))),
+            "attachment; filename*=utf-8''%C3%A9.txt"
+        );
+        assert_eq!(attachment(Some(&value("inline"))), "attachment");
+        assert_eq!(attachment(None), "attachment");
     }
 
     #[test]

@@ -3,40 +3,33 @@
 //! sandboxes (template, age, timeout, CPU, memory, metadata) with kill, pause and resume, its
 //! templates and their builds with logs, and the host's headroom.
 //!
-//! A browser cannot add an `X-API-KEY` header to a page it navigates to, so the dashboard also
-//! takes the key as HTTP Basic credentials (any user name, the key as the password): without
-//! them it answers 401 with a `WWW-Authenticate` challenge, and the browser asks for them. A
-//! browser then sends those credentials with every request to the dashboard, a forged one from
-//! another site's page too; so the actions (POST) also demand the `X-Airlock-Dashboard`
-//! header, which a cross-site page can only send after a CORS preflight that this server never
-//! grants.
+//! The page itself holds nothing: it asks for the API key in a form, keeps it in a variable of
+//! its script only, and sends it in `X-API-Key` with each call to its API. A browser adds that
+//! header to no request by itself, as it would HTTP Basic credentials or a cookie, so no other
+//! page can act with the key: not a page of this same origin (such as a sandbox's file behind
+//! a signed link, which the proxy serves sandboxed anyway), and not another site's, which could
+//! send the header only after a CORS preflight that this server never grants.
 
-use crate::api::{caller_of_key, detail_body, Caller};
+use crate::api::{detail_body, Caller};
 use crate::error::ApiError;
 use crate::AppState;
 use airlock_core::ids::TemplateName;
-use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
-use axum::middleware::Next;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use base64::Engine;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::sync::LazyLock;
 
 const PAGE: &str = include_str!("index.html");
-/// The header the page sends with its actions (see the module doc).
-const ACTION_HEADER: &str = "x-airlock-dashboard";
 /// Build log lines one view shows, newest last.
 const LOG_LINES: u64 = 2000;
 
 pub fn routes(state: AppState) -> Router<AppState> {
-    Router::new()
-        .route(
-            "/dashboard",
-            get(|| async { Redirect::permanent("/dashboard/") }),
-        )
-        .route("/dashboard/", get(page))
+    let api = Router::new()
         .route("/dashboard/api/state", get(overview))
         .route(
             "/dashboard/api/sandboxes/{id}/{action}",
@@ -46,70 +39,62 @@ pub fn routes(state: AppState) -> Router<AppState> {
             "/dashboard/api/templates/{id}/builds/{build}/logs",
             get(build_logs),
         )
-        .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
-}
-
-/// Lets through requests with the key (Basic credentials, or `X-API-KEY`), and actions only
-/// with [`ACTION_HEADER`].
-async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let Some(key) = key_of(req.headers()) else {
-        return challenge("the dashboard needs your API key: give it as the password");
-    };
-    let caller = match caller_of_key(&state, &key) {
-        Ok(caller) => caller,
-        Err(e) if e.status == StatusCode::UNAUTHORIZED => return challenge(&e.message),
-        Err(e) => return e.into_response(),
-    };
-    if req.method() != Method::GET && !req.headers().contains_key(ACTION_HEADER) {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "dashboard actions must come from the dashboard page (the {ACTION_HEADER} header)"
-            ),
+        .route_layer(axum::middleware::from_fn_with_state(
+            state,
+            crate::api::require_api_key,
+        ))
+        // What the key shows is for the page that asked, not for the browser's cache.
+        .layer(axum::middleware::map_response(
+            |mut answer: Response| async {
+                answer
+                    .headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                answer
+            },
+        ));
+    Router::new()
+        .route(
+            "/dashboard",
+            get(|| async { Redirect::permanent("/dashboard/") }),
         )
-        .into_response();
-    }
-    req.extensions_mut().insert(caller);
-    next.run(req).await
+        .route("/dashboard/", get(page))
+        .merge(api)
 }
 
-/// The key from `Authorization: Basic` (its password) or `X-API-KEY`.
-fn key_of(headers: &HeaderMap) -> Option<String> {
-    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
-        return Some(key.to_owned()).filter(|k| !k.is_empty());
-    }
-    let basic = headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Basic ")?;
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(basic.trim())
-        .ok()?;
-    let (_user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
-    Some(password.to_owned()).filter(|k| !k.is_empty())
-}
+/// The page's Content Security Policy: its own inline script and style (by their hashes, so no
+/// other inline code runs), requests to this server only, no framing, no form posts.
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; \
+         form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
+        inline_hash(PAGE, "script"),
+        inline_hash(PAGE, "style")
+    )
+});
 
-fn challenge(message: &str) -> Response {
-    let mut answer = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
-    answer.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Basic realm=\"Airlock dashboard\", charset=\"UTF-8\""),
-    );
-    answer
+/// `'sha256-...'` of the text of the page's one `<tag>` element, as CSP hashes it.
+fn inline_hash(page: &str, tag: &str) -> String {
+    let open = format!("<{tag}>");
+    let text = page
+        .split_once(&open)
+        .and_then(|(_, rest)| rest.split_once(&format!("</{tag}>")))
+        .map_or("", |(text, _)| text);
+    let digest = Sha256::digest(text.as_bytes());
+    format!(
+        "'sha256-{}'",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
 }
 
 async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            // Everything it needs is in the page itself, and it talks to this server alone.
-            (
-                header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
-            ),
+            (header::CONTENT_SECURITY_POLICY, POLICY.as_str()),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
         ],
         PAGE,
     )
@@ -320,4 +305,24 @@ async fn build_logs(
             })
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_names_the_pages_script_and_style() {
+        let script = PAGE.split("<script>").nth(1).unwrap();
+        let script = script.split("</script>").next().unwrap();
+        let digest = base64::engine::general_purpose::STANDARD.encode(Sha256::digest(script));
+        assert!(
+            POLICY.contains(&format!("script-src 'sha256-{digest}'")),
+            "{}",
+            *POLICY
+        );
+        assert_eq!(PAGE.matches("<script>").count(), 1, "one inline script");
+        assert_eq!(PAGE.matches("<style>").count(), 1, "one inline style");
+        assert!(!POLICY.contains("unsafe"), "{}", *POLICY);
+    }
 }

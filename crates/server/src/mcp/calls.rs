@@ -2,6 +2,7 @@
 //! the content a model reads; a failure is a message it can act on (the handler makes it a
 //! tool error, so the session carries on).
 
+use super::local_files::FilesDir;
 use super::tools::{Download, ListFiles, ReadFile, RunCode, RunCommand, Upload, WriteFile};
 use crate::cli::process::{Process, Rpc};
 use crate::cli::{CliError, Client};
@@ -313,7 +314,7 @@ pub async fn upload(
     client: &Client,
     sandbox: &Sandbox,
     args: Upload,
-    local_files: bool,
+    local_files: Option<&FilesDir>,
 ) -> Outcome {
     match (args.content_base64, args.local_path) {
         (Some(content), None) => {
@@ -328,7 +329,7 @@ pub async fn upload(
             ))])
         }
         (None, Some(local)) => {
-            local_files_allowed(local_files)?;
+            let local = local_path(over_stdio(local_files)?.source(&local))?;
             let target = format!("{}:{}", sandbox.sandbox_id, args.path);
             let done = crate::cli::files::copy(client, &local, &target, USER)
                 .await
@@ -343,10 +344,10 @@ pub async fn download(
     client: &Client,
     sandbox: &Sandbox,
     args: Download,
-    local_files: bool,
+    local_files: Option<&FilesDir>,
 ) -> Outcome {
     if let Some(local) = args.local_path {
-        local_files_allowed(local_files)?;
+        let local = local_path(over_stdio(local_files)?.target(&local))?;
         let source = format!("{}:{}", sandbox.sandbox_id, args.path);
         let done = crate::cli::files::copy(client, &source, &local, USER)
             .await
@@ -382,16 +383,23 @@ pub async fn download(
 }
 
 /// Over HTTP, the MCP server is not on the caller's machine: its files are not the caller's.
-fn local_files_allowed(allowed: bool) -> Result<(), String> {
-    if allowed {
-        return Ok(());
-    }
-    Err(
+fn over_stdio(local_files: Option<&FilesDir>) -> Result<&FilesDir, String> {
+    local_files.ok_or_else(|| {
         "local_path works only with `airlock mcp` running on your own machine (stdio); over \
          HTTP, send content_base64, or download without local_path to get the file in the \
          result"
-            .into(),
-    )
+            .into()
+    })
+}
+
+/// A local path as `cli::files::copy` takes it.
+fn local_path(
+    checked: Result<std::path::PathBuf, super::local_files::LocalPathError>,
+) -> Result<String, String> {
+    let path = checked.map_err(|e| e.to_string())?;
+    path.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{} is not UTF-8", path.display()))
 }
 
 /// A file's bytes, refused past `cap` with `instead` as advice.

@@ -4,9 +4,12 @@
 //!
 //! The MCP server is a client of the public API, with the caller's key: a tool can do only
 //! what that key could do through the SDK. Over stdio that is the key `airlock mcp` was given;
-//! over HTTP, the key each request carries (`X-API-Key`, or `Authorization: Bearer`).
+//! over HTTP, the key each request carries (`X-API-Key`, or `Authorization: Bearer`), and a
+//! session is only ever reached with the key that opened it (see [`owners`]).
 
 mod calls;
+mod local_files;
+mod owners;
 mod session;
 mod tools;
 
@@ -16,11 +19,14 @@ use crate::AppState;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use local_files::FilesDir;
+use owners::SessionOwners;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use session::{Scope, SessionSandboxes};
 use std::process::ExitCode;
@@ -37,10 +43,10 @@ const INSTRUCTIONS: &str = "Airlock runs code in isolated Linux sandboxes. run_c
     sandbox_id share this session's sandbox, started on first use.";
 
 /// How a session reaches the API.
-#[derive(Clone)]
 enum Api {
-    /// stdio: one client, with the key `airlock mcp` was given; local files are the user's.
-    Fixed(Client),
+    /// stdio: one client, with the key `airlock mcp` was given; local files are the user's,
+    /// in one directory.
+    Fixed(Client, FilesDir),
     /// HTTP: the server itself over loopback, with the key of each request.
     PerRequest { base: String },
 }
@@ -49,25 +55,19 @@ enum Api {
 pub struct AirlockMcp {
     api: Api,
     sandboxes: Arc<SessionSandboxes>,
-    /// Over HTTP, the key that made the session: a request with another is refused, so a
-    /// session id that leaks lends nobody this session's sandboxes.
-    owner: std::sync::OnceLock<String>,
 }
 
 impl AirlockMcp {
     /// The client for this call, and how it finds its default sandbox.
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<(Client, Scope), String> {
         match &self.api {
-            Api::Fixed(client) => Ok((client.clone(), Scope::Session)),
+            Api::Fixed(client, _) => Ok((client.clone(), Scope::Session)),
             Api::PerRequest { base } => {
                 let parts = ctx.extensions.get::<http::request::Parts>();
                 let key = parts.and_then(|p| p.extensions.get::<CallerKey>());
                 let Some(CallerKey(key)) = key else {
                     return Err("this request carried no API key".into());
                 };
-                if self.owner.get_or_init(|| key.clone()) != key {
-                    return Err("this MCP session belongs to another API key".into());
-                }
                 // Requests of the 2026-07-28 protocol have no session.
                 let in_session = parts.is_some_and(|p| p.headers.contains_key("mcp-session-id"));
                 let scope = if in_session {
@@ -87,7 +87,10 @@ impl AirlockMcp {
     ) -> Result<Vec<ContentBlock>, String> {
         use tools::arguments;
         let (client, scope) = self.client(ctx)?;
-        let local_files = matches!(self.api, Api::Fixed(_));
+        let local_files = match &self.api {
+            Api::Fixed(_, files) => Some(files),
+            Api::PerRequest { .. } => None,
+        };
         let name = request.name.as_ref();
         let args = request.arguments;
         let sandboxes = &self.sandboxes;
@@ -187,17 +190,19 @@ impl ServerHandler for AirlockMcp {
 }
 
 /// `airlock mcp`: serves one session on stdin and stdout until the client closes them, then
-/// kills the sandboxes the session started.
+/// kills the sandboxes the session started. `local_path`s are kept to `files_dir` (by
+/// default the current directory).
 pub async fn stdio(
     client: Client,
     template: String,
     timeout: Duration,
+    files_dir: Option<std::path::PathBuf>,
 ) -> Result<ExitCode, CliError> {
+    let files = FilesDir::new(files_dir).map_err(|e| CliError::Failed(e.to_string()))?;
     let sandboxes = Arc::new(SessionSandboxes::new(template, timeout));
     let handler = AirlockMcp {
-        api: Api::Fixed(client),
+        api: Api::Fixed(client, files),
         sandboxes: sandboxes.clone(),
-        owner: Default::default(),
     };
     let failed = |e: String| CliError::Failed(format!("MCP over stdio: {e}"));
     let running = handler
@@ -234,6 +239,7 @@ pub fn routes(state: AppState, self_url: String) -> axum::Router<AppState> {
     use rmcp::transport::streamable_http_server::{
         session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
     };
+    let sessions = Arc::new(LocalSessionManager::default());
     let config = StreamableHttpServerConfig::default()
         // The key guards every request, so a page that rebinds a name to this address gets
         // nowhere; and the server may be reached by any name the operator gives it.
@@ -249,19 +255,29 @@ pub fn routes(state: AppState, self_url: String) -> axum::Router<AppState> {
                     tools::DEFAULT_TEMPLATE.into(),
                     DEFAULT_SANDBOX_TIMEOUT,
                 )),
-                owner: Default::default(),
             })
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
+    let gate = Arc::new(Gate {
+        state,
+        owners: SessionOwners::new(sessions),
+    });
     axum::Router::new()
         .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(state, authenticate))
+        .layer(axum::middleware::from_fn_with_state(gate, authenticate))
 }
 
-/// Lets through requests with a valid key, which the session then uses.
-async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+/// What `/mcp`'s requests pass before rmcp sees them.
+struct Gate {
+    state: AppState,
+    owners: SessionOwners,
+}
+
+/// Lets through requests with a valid key, which the session then uses, and those that name a
+/// session only with the key that opened it.
+async fn authenticate(State(gate): State<Arc<Gate>>, mut req: Request, next: Next) -> Response {
     let headers = req.headers();
     let bearer = headers
         .get(http::header::AUTHORIZATION)
@@ -280,9 +296,42 @@ async fn authenticate(State(state): State<AppState>, mut req: Request, next: Nex
         )
         .into_response();
     }
-    if let Err(e) = crate::api::caller_of_key(&state, &key) {
-        return e.into_response();
+    let caller = match crate::api::caller_of_key(&gate.state, &key) {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    let session = req
+        .headers()
+        .get(HEADER_SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(session) = &session {
+        if !gate.owners.owned_by(session, &caller.0) {
+            return ApiError::not_found(format!("no MCP session {session}")).into_response();
+        }
     }
+    let ending = req.method() == http::Method::DELETE;
     req.extensions_mut().insert(CallerKey(key));
-    next.run(req).await
+    let answer = next.run(req).await;
+    match session {
+        None => {
+            let opened = answer.headers().get(HEADER_SESSION_ID);
+            if let Some(opened) = opened.and_then(|v| v.to_str().ok()) {
+                if !gate.owners.opened(opened, &caller.0).await {
+                    return ApiError::new(
+                        http::StatusCode::TOO_MANY_REQUESTS,
+                        format!(
+                            "this API key has {} MCP sessions open, the most it may: end one \
+                             (DELETE /mcp with its Mcp-Session-Id) or let one idle out",
+                            owners::MAX_PER_KEY
+                        ),
+                    )
+                    .into_response();
+                }
+            }
+        }
+        Some(session) if ending && answer.status().is_success() => gate.owners.closed(&session),
+        Some(_) => {}
+    }
+    answer
 }

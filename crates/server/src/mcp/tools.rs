@@ -87,7 +87,8 @@ pub struct Upload {
     pub path: String,
     /// The file's bytes, base64-encoded. Give this or local_path.
     pub content_base64: Option<String>,
-    /// A file on the machine that runs `airlock mcp` (stdio only), sent as it is.
+    /// A file on the machine that runs `airlock mcp` (stdio only), sent as it is: in its files
+    /// directory (`--files-dir`, by default where it started), relative to it or absolute.
     pub local_path: Option<String>,
     /// The sandbox [default: this session's own].
     pub sandbox_id: Option<String>,
@@ -98,8 +99,10 @@ pub struct Upload {
 pub struct Download {
     /// The file's path in the sandbox.
     pub path: String,
-    /// Save it here, on the machine that runs `airlock mcp` (stdio only). Without it the file
-    /// comes back in the result: an image as an image, anything else base64-encoded.
+    /// Save it here, on the machine that runs `airlock mcp` (stdio only): in its files
+    /// directory (`--files-dir`, by default where it started), relative to it or absolute;
+    /// the directory the file goes in must exist. Without it the file comes back in the
+    /// result: an image as an image, anything else base64-encoded.
     pub local_path: Option<String>,
     /// The sandbox [default: this session's own].
     pub sandbox_id: Option<String>,
