@@ -46,7 +46,10 @@ pub fn routes() -> Router<AppState> {
         .route("/templates/{id}/builds/{build}/status", get(build_status))
         .route("/templates/{id}/files/{hash}", get(file_upload_link))
         .route("/templates/aliases/{alias}", get(alias))
-        .route("/templates/aliases/{namespace}/{alias}", get(namespaced_alias))
+        .route(
+            "/templates/aliases/{namespace}/{alias}",
+            get(namespaced_alias),
+        )
         .merge(crate::template_info::routes())
         .merge(crate::template_tags::routes())
 }

@@ -334,7 +334,10 @@ impl Builder {
         self.release_claims(id);
         if let Some(owner) = &job.owner {
             // What a failed build made is unused now: it goes first if the key is over.
-            if let Err(e) = self.make_room(owner, self.limits.storage_bytes_per_key).await {
+            if let Err(e) = self
+                .make_room(owner, self.limits.storage_bytes_per_key)
+                .await
+            {
                 tracing::warn!(build = %id, error = %e, "freeing a key's unused layers failed");
             }
         }
@@ -357,7 +360,6 @@ impl Builder {
         }
         result
     }
-
 }
 
 /// Whose turns a build takes: its key's, or the server's own for a built-in.
@@ -432,9 +434,7 @@ impl BuildLog {
 
     /// Whether this is the first line past a cap: that one says the log is full.
     fn note_full(&self) -> bool {
-        !self
-            .full
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        !self.full.swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -158,10 +158,7 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.queue
-            .state()
-            .waiting
-            .retain(|w| w.build != self.build);
+        self.queue.state().waiting.retain(|w| w.build != self.build);
         // The turn may have come just as the build stopped waiting: it goes on at once.
         if self.granted.as_mut().is_some_and(|g| g.try_recv().is_ok()) {
             self.queue.release(&self.key);
@@ -205,7 +202,10 @@ mod tests {
         let running = queue.join("k", "a").unwrap().turn().await;
         let waiting = queue.join("k", "b").unwrap();
         assert!(matches!(queue.join("k", "c"), Err(TooManyBuilds(2))));
-        assert!(queue.join("other", "x").is_ok(), "another key is not held up");
+        assert!(
+            queue.join("other", "x").is_ok(),
+            "another key is not held up"
+        );
         drop(waiting);
         let again = queue.join("k", "c").unwrap();
         drop(running);

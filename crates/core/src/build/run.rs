@@ -174,8 +174,7 @@ impl Builder {
                 inputs: &inputs,
                 force: step.force,
             };
-            self.layer_step(job, &mut progress, work, log, stop)
-                .await?;
+            self.layer_step(job, &mut progress, work, log, stop).await?;
         }
         log.write(
             LogLevel::Info,
@@ -268,8 +267,7 @@ impl Builder {
                 inputs: &digest,
                 force: false,
             };
-            self.layer_step(job, &mut progress, work, log, stop)
-                .await?;
+            self.layer_step(job, &mut progress, work, log, stop).await?;
         }
         self.provision(job, &mut progress, log, stop).await?;
         Ok(progress)

@@ -347,7 +347,10 @@ mod tests {
         // The same claimed hash with other bytes is another archive; the first is unchanged.
         let other = TemplateName::parse("other").unwrap();
         uploads.put(&other, &hash, &b"evil"[..]).await.unwrap();
-        assert_ne!(uploads.archive(&other, &hash).unwrap().digest, archive.digest);
+        assert_ne!(
+            uploads.archive(&other, &hash).unwrap().digest,
+            archive.digest
+        );
         assert_eq!(std::fs::read(&archive.path).unwrap(), b"data");
     }
 
@@ -358,7 +361,10 @@ mod tests {
         let t = TemplateName::parse("tpl").unwrap();
         let token = uploads.ticket("k1", &t, &"ab".repeat(32), 3).unwrap();
         let refused = uploads.receive(&token, &b"four"[..]).await;
-        assert!(matches!(refused, Err(UploadError::OverQuota(3))), "{refused:?}");
+        assert!(
+            matches!(refused, Err(UploadError::OverQuota(3))),
+            "{refused:?}"
+        );
         assert!(!uploads.has(&t, &"ab".repeat(32)));
     }
 

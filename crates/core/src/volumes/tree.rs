@@ -8,8 +8,8 @@
 
 use super::path::{VolumePath, MAX_DEPTH};
 use super::VolumeError;
-use crate::walk;
 use crate::ids::random_token;
+use crate::walk;
 use chrono::{DateTime, Utc};
 use nix::errno::Errno;
 use nix::fcntl::{openat, openat2, renameat, OFlag, OpenHow, ResolveFlag};
