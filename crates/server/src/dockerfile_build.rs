@@ -2,7 +2,7 @@
 //! server through the same API the SDK's template builder uses (`POST /v3/templates`, the COPY
 //! uploads, `POST /v2/templates/{id}/builds/{build}`, then the build's status and logs).
 
-use crate::cli::{CliError, Client};
+use crate::cli::{term, CliError, Client};
 use crate::dockerfile::{self, PlanStep};
 use airlock_core::build::copy::{check_source, source_base};
 use airlock_core::template::KNOWN_TEMPLATES;
@@ -165,7 +165,7 @@ async fn follow(
                 started.elapsed().as_secs_f64(),
                 entry.message
             );
-            spinner.suspend(|| println!("{line}"));
+            spinner.suspend(|| println!("{}", term::cell(&line)));
             if current_step.as_deref() != Some(step) {
                 current_step = Some(step.to_owned());
                 let what: String = entry
@@ -177,7 +177,7 @@ async fn follow(
                     .take(70)
                     .collect();
                 spinner.reset_elapsed();
-                spinner.set_message(format!("step {step}: {what}"));
+                spinner.set_message(term::cell(&format!("step {step}: {what}")).into_owned());
             }
         }
         match status.status.as_str() {

@@ -282,7 +282,7 @@ impl Process {
                 }
                 ProcessEvent::End(end) => {
                     if end.exit_code < 0 {
-                        eprintln!("airlock: command ended: {}", end.status);
+                        eprintln!("airlock: command ended: {}", super::term::cell(&end.status));
                     }
                     exit = Some(end.exit_code);
                 }
