@@ -80,11 +80,23 @@ fn call(stream: &UnixStream) -> Result<Outcome, String> {
         uid: caller.uid,
         groups: &groups,
     };
-    if caller.uid != 0 && !sudoers::grants(&sudoers::read(root), &asking) {
+    let entries = sudoers::read(root);
+    if caller.uid != 0 && !sudoers::grants(&entries, &asking) {
+        let unread: Vec<&str> = entries
+            .iter()
+            .filter_map(|e| match e {
+                sudoers::Entry::Unreadable(why) => Some(why.as_str()),
+                sudoers::Entry::Line(_) => None,
+            })
+            .collect();
+        let unread = match unread.is_empty() {
+            true => String::new(),
+            false => format!("; not read: {}", unread.join("; ")),
+        };
         return Err(format!(
             "{0} may not run sudo here: it needs a `{0} ALL=(ALL:ALL) NOPASSWD: ALL` rule in \
              /etc/sudoers or /etc/sudoers.d, as the last rule for {0} (Airlock's sudo asks for \
-             no password)",
+             no password){unread}",
             caller.name
         ));
     }
