@@ -2,7 +2,8 @@
 //! filesystem, and nothing else of the user's changes:
 //! - a `root` entry, if the image has none (a scratch image may have no `/etc/passwd`);
 //! - the `user` account (uid 1000 when free), its home, and passwordless sudo, as E2B's
-//!   templates have: a sudoers rule, and `/usr/bin/sudo` linked to the agent (see
+//!   templates have: a sudoers rule (and `@includedir /etc/sudoers.d` in an image's
+//!   `/etc/sudoers` that does not read it), and `/usr/bin/sudo` linked to the agent (see
 //!   [`crate::sudo`]; a real sudo is moved aside);
 //! - a world-writable `/tmp`;
 //! - the host's CA bundle at [`CA_PATH`], which the template's environment points TLS clients at.
@@ -60,6 +61,11 @@ fn provision(root: &Path, ca: Option<&Path>) -> std::io::Result<()> {
     let file = sudoers.join("airlock-user");
     std::fs::write(&file, format!("{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"))?;
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440))?;
+    // The rule counts only where the image's own /etc/sudoers reads the drop-ins, as in sudo.
+    let main = etc.join("sudoers");
+    if main.exists() && !crate::sudo::sudoers::includes_drop_ins(&read(&main)?) {
+        append(&main, "@includedir /etc/sudoers.d")?;
+    }
     link_sudo(root)?;
     let tmp = root.join("tmp");
     std::fs::create_dir_all(&tmp)?;
@@ -182,6 +188,25 @@ mod tests {
             std::fs::read_link(root.join("usr/bin/sudo")).unwrap(),
             Path::new(AGENT_PATH)
         );
+    }
+
+    #[test]
+    fn the_images_sudoers_is_made_to_read_the_rule() {
+        use crate::sudo::sudoers::{grants, read, Caller};
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/sudoers"), "root ALL=(ALL) ALL\n").unwrap();
+        provision(root, None).unwrap();
+        provision(root, None).unwrap();
+        let sudoers = std::fs::read_to_string(root.join("etc/sudoers")).unwrap();
+        assert_eq!(sudoers, "root ALL=(ALL) ALL\n@includedir /etc/sudoers.d\n");
+        let user = Caller {
+            name: "user",
+            uid: 1000,
+            groups: &[],
+        };
+        assert!(grants(&read(root), &user));
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! How the server talks to a sandbox's agent itself (health and `/init`), over the sandbox's link.
+//! What the agent answers is the sandbox's to choose, so each answer is read to a cap (see
+//! [`crate::capped`]).
 
+use crate::capped::{self, MAX_JSON};
 use crate::proxy::HttpClient;
 use airlock_core::lifecycle::{AgentClient, AgentCommand, InitError, OutputLine, Program};
 use airlock_wire::connect::{self, Decoder};
@@ -66,11 +69,11 @@ impl AgentClient for HttpAgentClient {
             Ok(Ok(resp)) => resp,
         };
         let status = resp.status();
-        let body = tokio::time::timeout(WARM_UP_TIMEOUT, resp.into_body().collect())
+        let answer = capped::read(resp.into_body(), MAX_JSON, "the warm-up run's answer");
+        let body = tokio::time::timeout(WARM_UP_TIMEOUT, answer)
             .await
             .map_err(|_| "the warm-up run did not finish in time".to_string())?
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+            .map_err(|e| e.to_string())?;
         let text = String::from_utf8_lossy(&body);
         if !status.is_success() || text.contains("\"type\":\"error\"") {
             return Err(format!("the warm-up run failed ({status}): {text}"));
@@ -186,20 +189,16 @@ impl HttpAgentClient {
         let answer = async {
             let resp = self.http.request(req).await.map_err(CallError::failed)?;
             let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(CallError::failed)?;
-            let body = body.to_bytes();
             if !status.is_success() {
                 return Err(CallError {
                     status: Some(status),
-                    body,
+                    body: capped::error_text(resp.into_body()).await,
                     detail: String::new(),
                 });
             }
-            Ok(body)
+            capped::read(resp.into_body(), MAX_JSON, "the agent's answer")
+                .await
+                .map_err(CallError::failed)
         };
         tokio::time::timeout(within, answer)
             .await
@@ -243,8 +242,7 @@ impl HttpAgentClient {
         let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
         if !resp.status().is_success() {
             let status = resp.status();
-            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
-            let body = body.unwrap_or_default();
+            let body = capped::error_text(resp.into_body()).await;
             return Err(format!(
                 "the agent answered {status}: {}",
                 String::from_utf8_lossy(&body)
@@ -330,6 +328,50 @@ impl std::fmt::Display for CallError {
                 String::from_utf8_lossy(&self.body)
             ),
             None => f.write_str(&self.detail),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A hostile agent on a loopback address of its own (the agent's port is fixed): it answers
+    /// every request with `status` and a body with no end.
+    async fn endless_agent(status: u16) -> Ipv4Addr {
+        let addr = Ipv4Addr::new(127, 200, rand::random(), rand::random::<u8>().max(1));
+        let listener = tokio::net::TcpListener::bind((addr, ENVD_PORT))
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = [0u8; 8192];
+                    let _ = conn.read(&mut head).await;
+                    let start =
+                        format!("HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\r\n");
+                    let _ = conn.write_all(start.as_bytes()).await;
+                    let chunk = vec![b' '; 64 << 10];
+                    while conn.write_all(&chunk).await.is_ok() {}
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn answers_without_end_are_cut_off_at_their_caps() {
+        let agent = HttpAgentClient {
+            http: crate::proxy::http_client(),
+        };
+        let ok = endless_agent(200).await;
+        let err = agent.logs(ok, None).await.unwrap_err();
+        assert!(err.contains("larger than 4 MiB"), "{err}");
+        let refused = endless_agent(400).await;
+        match agent.init(refused, None, &InitRequest::default()).await {
+            Err(InitError::Refused(why)) => assert_eq!(why.len(), capped::MAX_ERROR),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! server through the same API the SDK's template builder uses (`POST /v3/templates`, the COPY
 //! uploads, `POST /v2/templates/{id}/builds/{build}`, then the build's status and logs).
 
-use crate::cli::{CliError, Client};
+use crate::cli::{term, CliError, Client};
 use crate::dockerfile::{self, PlanStep};
 use airlock_core::build::copy::{check_source, source_base};
 use airlock_core::template::KNOWN_TEMPLATES;
@@ -165,7 +165,7 @@ async fn follow(
                 started.elapsed().as_secs_f64(),
                 entry.message
             );
-            spinner.suspend(|| println!("{line}"));
+            spinner.suspend(|| println!("{}", term::cell(&line)));
             if current_step.as_deref() != Some(step) {
                 current_step = Some(step.to_owned());
                 let what: String = entry
@@ -177,7 +177,7 @@ async fn follow(
                     .take(70)
                     .collect();
                 spinner.reset_elapsed();
-                spinner.set_message(format!("step {step}: {what}"));
+                spinner.set_message(term::cell(&format!("step {step}: {what}")).into_owned());
             }
         }
         match status.status.as_str() {
@@ -212,6 +212,13 @@ impl Packed {
 fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<Packed, CliError> {
     let failed = |e: std::io::Error| CliError::Failed(format!("COPY {src}: {e}"));
     let base = copy_base(src)?;
+    through_no_link(context, &base).map_err(|link| {
+        CliError::Failed(format!(
+            "COPY {src}: {} is a symbolic link, which a COPY source may not pass through \
+             (links are packed as links, never followed out of the context)",
+            link.display()
+        ))
+    })?;
     let on_disk = context.join(&base);
     if std::fs::symlink_metadata(&on_disk).is_err() {
         return Err(CliError::Failed(format!(
@@ -247,6 +254,21 @@ fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<
         hash: hex::encode(hasher.finalize()),
         archive,
     })
+}
+
+/// The directory on `base`'s way, relative to the context, that is a symbolic link, if any:
+/// followed, it could lead out of the context (`app -> /etc`, then `COPY app/shadow`).
+fn through_no_link(context: &Path, base: &Path) -> Result<(), PathBuf> {
+    let mut rel = PathBuf::new();
+    let parents = base.parent().into_iter().flat_map(Path::components);
+    for part in parents {
+        rel.push(part);
+        let link = std::fs::symlink_metadata(context.join(&rel)).is_ok_and(|m| m.is_symlink());
+        if link {
+            return Err(rel);
+        }
+    }
+    Ok(())
 }
 
 /// Puts context files into a COPY's archive: in name order (so the same files make the same
@@ -430,6 +452,72 @@ mod tests {
         );
         assert!(!out("src/main.rs") && !out("Dockerfile"));
         assert!(DockerIgnore::parse("[").is_err());
+    }
+
+    /// The entries of a packed archive: path, kind, link target, contents.
+    fn entries(packed: &Packed) -> Vec<(String, tar::EntryType, String, String)> {
+        let mut archive = tar::Archive::new(packed.reader().unwrap());
+        let entries = archive.entries().unwrap().map(|e| {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            let link = e.link_name().unwrap().map(|l| l.display().to_string());
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut e, &mut text).unwrap();
+            (
+                path,
+                e.header().entry_type(),
+                link.unwrap_or_default(),
+                text,
+            )
+        });
+        entries.collect()
+    }
+
+    #[test]
+    fn links_are_packed_as_links_and_never_followed_out_of_the_context() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret.txt"), "the host's secret").unwrap();
+        let ctx = tmp.path().join("ctx");
+        std::fs::create_dir_all(ctx.join("app")).unwrap();
+        std::fs::write(ctx.join("app/main.py"), "print('hi')").unwrap();
+        std::os::unix::fs::symlink(&outside, ctx.join("app/out")).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", ctx.join("shadow")).unwrap();
+        let pack = |src: &str| pack(&ctx, src, "/dst/", tar::HeaderMode::Deterministic);
+
+        let Err(CliError::Failed(err)) = pack("app/out/secret.txt") else {
+            panic!("a path through a link to outside the context was packed");
+        };
+        assert!(err.contains("app/out is a symbolic link"), "{err}");
+
+        let shadow = entries(&pack("shadow").unwrap());
+        assert_eq!(
+            shadow,
+            [(
+                "shadow".into(),
+                tar::EntryType::Symlink,
+                "/etc/shadow".into(),
+                String::new()
+            )]
+        );
+        // The whole context, and the directory holding the link: the link stays a link.
+        for src in [".", "app/"] {
+            let packed = entries(&pack(src).unwrap());
+            let out = packed.iter().find(|e| e.0 == "app/out").expect(src);
+            assert_eq!(
+                (out.1, out.2.as_str()),
+                (tar::EntryType::Symlink, outside.to_str().unwrap())
+            );
+            assert!(
+                packed.iter().all(|e| !e.3.contains("secret")),
+                "{src}: {packed:?}"
+            );
+            assert!(
+                packed.iter().any(|e| e.3 == "print('hi')"),
+                "{src}: the control"
+            );
+        }
     }
 
     #[test]

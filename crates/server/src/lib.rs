@@ -5,6 +5,7 @@ pub mod agent_client;
 pub mod api;
 pub mod auto_resume;
 pub mod builtins;
+pub mod capped;
 pub mod cli;
 pub mod dashboard;
 pub mod data_dir;

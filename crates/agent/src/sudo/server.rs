@@ -75,11 +75,28 @@ fn call(stream: &UnixStream) -> Result<Outcome, String> {
         User::with_uid(uid).ok_or_else(|| format!("you (uid {uid}) are not in /etc/passwd"))?;
     let root = Path::new("/");
     let groups = sudoers::groups_of(root, &caller.name, caller.gid);
-    let names: Vec<String> = groups.iter().map(|(name, _)| name.clone()).collect();
-    if caller.uid != 0 && !sudoers::grants(&sudoers::read(root), &caller.name, &names) {
+    let asking = sudoers::Caller {
+        name: &caller.name,
+        uid: caller.uid,
+        groups: &groups,
+    };
+    let entries = sudoers::read(root);
+    if caller.uid != 0 && !sudoers::grants(&entries, &asking) {
+        let unread: Vec<&str> = entries
+            .iter()
+            .filter_map(|e| match e {
+                sudoers::Entry::Unreadable(why) => Some(why.as_str()),
+                sudoers::Entry::Line(_) => None,
+            })
+            .collect();
+        let unread = match unread.is_empty() {
+            true => String::new(),
+            false => format!("; not read: {}", unread.join("; ")),
+        };
         return Err(format!(
             "{0} may not run sudo here: it needs a `{0} ALL=(ALL:ALL) NOPASSWD: ALL` rule in \
-             /etc/sudoers or /etc/sudoers.d (Airlock's sudo asks for no password)",
+             /etc/sudoers or /etc/sudoers.d, as the last rule for {0} (Airlock's sudo asks for \
+             no password){unread}",
             caller.name
         ));
     }

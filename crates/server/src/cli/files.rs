@@ -121,12 +121,7 @@ pub(crate) async fn checked(
         return Ok(resp);
     }
     let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let body = crate::capped::error_text(resp.into_body()).await;
     Err(CliError::Failed(super::error_message(&body, status)))
 }
 

@@ -6,6 +6,7 @@ pub(crate) mod files;
 pub(crate) mod process;
 pub(crate) mod run;
 mod sandbox;
+pub mod term;
 
 pub use run::{run, RunOptions};
 pub use sandbox::{sandbox, SandboxCommand};
@@ -199,11 +200,14 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The error to print: it may quote a server, a sandbox or a registry, so its control
+    /// characters are escaped (see [`term`]).
     pub fn describe(&self) -> String {
-        match self {
+        let text = match self {
             CliError::Other(e) => format!("{e:#}"),
             other => other.to_string(),
-        }
+        };
+        term::escaped(&text).into_owned()
     }
 
     pub fn exit_code(&self) -> ExitCode {
@@ -325,13 +329,21 @@ fn print_rows<const N: usize>(json: bool, header: &[&str; N], rows: &[[String; N
                 .collect()
         })
         .collect();
-    println!("{}", serde_json::Value::from(objects));
+    println!(
+        "{}",
+        term::json(&serde_json::Value::from(objects).to_string())
+    );
 }
 
-/// Prints rows under a header, in columns as wide as their widest cell.
+/// Prints rows under a header, in columns as wide as their widest cell; each cell escaped
+/// (see [`term::cell`]).
 fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let rows: Vec<[String; N]> = rows
+        .iter()
+        .map(|row| row.clone().map(|cell| term::cell(&cell).into_owned()))
+        .collect();
     let mut widths = header.map(str::len);
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.len());
         }
@@ -345,7 +357,7 @@ fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
         println!("{}", text.join("  ").trim_end());
     };
     line(header.to_vec());
-    for row in rows {
+    for row in &rows {
         line(row.iter().map(String::as_str).collect());
     }
 }

@@ -175,12 +175,14 @@ impl Rpc {
             .map_err(|e| CliError::Failed(e.to_string()))?;
         let resp = self.client.send(req).await?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
-        let body = body.unwrap_or_default();
-        if status.is_success() {
-            return Ok(body.to_vec());
+        if !status.is_success() {
+            let body = crate::capped::error_text(resp.into_body()).await;
+            return Err(CliError::Failed(super::error_message(&body, status)));
         }
-        Err(CliError::Failed(super::error_message(&body, status)))
+        let what = format!("the answer of {path}");
+        let body = crate::capped::read(resp.into_body(), crate::capped::MAX_JSON, &what).await;
+        body.map(|b| b.to_vec())
+            .map_err(|e| CliError::Failed(e.to_string()))
     }
 }
 
@@ -202,10 +204,10 @@ impl Process {
         let resp = rpc.client.send(req).await?;
         if !resp.status().is_success() {
             let status = resp.status();
-            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+            let body = crate::capped::error_text(resp.into_body()).await;
             return Err(CliError::Failed(format!(
                 "starting the command failed: {}",
-                super::error_message(&body.unwrap_or_default(), status)
+                super::error_message(&body, status)
             )));
         }
         let mut process = Process {
@@ -282,7 +284,7 @@ impl Process {
                 }
                 ProcessEvent::End(end) => {
                     if end.exit_code < 0 {
-                        eprintln!("airlock: command ended: {}", end.status);
+                        eprintln!("airlock: command ended: {}", super::term::cell(&end.status));
                     }
                     exit = Some(end.exit_code);
                 }

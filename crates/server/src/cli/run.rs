@@ -9,6 +9,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// The most one event of an execution (a line of its answer) may take: a result's images
+/// are in it.
+const MAX_EVENT: usize = 16 << 20;
+
 /// What `airlock run` executes.
 pub struct RunOptions {
     pub template: String,
@@ -98,11 +102,7 @@ pub(crate) async fn stream_execution(
     let status = resp.status();
     let mut body = resp.into_body();
     if !status.is_success() {
-        let text = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+        let text = crate::capped::error_text(body).await;
         return Err(CliError::Failed(format!(
             "the code interpreter answered {status}: {}",
             String::from_utf8_lossy(&text).trim()
@@ -120,6 +120,12 @@ pub(crate) async fn stream_execution(
             let event = serde_json::from_slice(&line)
                 .map_err(|e| CliError::Failed(format!("unexpected output line: {e}")))?;
             on_event(event)?;
+        }
+        if pending.len() > MAX_EVENT {
+            return Err(CliError::Failed(format!(
+                "the code interpreter sent an event larger than {} MiB, more than is read of one",
+                MAX_EVENT >> 20
+            )));
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! `airlock sandbox …`: the sandbox verbs, each one call to the running server's API (the same
 //! calls the SDK makes), so they see what the key sees.
 
-use super::{parse, parse_pair, percent_encode, print_table, CliError, Client};
+use super::{parse, parse_pair, percent_encode, print_table, term, CliError, Client};
 use airlock_wire::api::{SandboxDetail, SandboxLogsV2, SnapshotInfo};
 use clap::Subcommand;
 use std::collections::BTreeMap;
@@ -165,7 +165,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 match client.call("DELETE", &format!("/sandboxes/{id}")).await {
                     Ok(_) => println!("killed {id}"),
                     Err(CliError::Failed(msg)) => {
-                        eprintln!("airlock: {id}: {msg}");
+                        eprintln!("airlock: {}: {}", term::cell(id), term::escaped(&msg));
                         failed = true;
                     }
                     Err(e) => return Err(e),
@@ -228,10 +228,10 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
     Ok(ExitCode::SUCCESS)
 }
 
-/// The server's answer as it came (`--json`), or what `human` prints.
+/// The server's answer as it came (`--json`, see [`term::json`]), or what `human` prints.
 fn print_json_or(json: bool, answer: &[u8], human: impl FnOnce()) {
     if json {
-        println!("{}", String::from_utf8_lossy(answer));
+        println!("{}", term::json(&String::from_utf8_lossy(answer)));
     } else {
         human();
     }
@@ -305,7 +305,7 @@ fn print_detail(d: &SandboxDetail) {
     .map(|(k, v)| [k.to_owned(), v])
     .collect();
     for [k, v] in rows {
-        println!("{k:<9} {v}");
+        println!("{k:<9} {}", term::cell(&v));
     }
 }
 
@@ -345,13 +345,14 @@ async fn logs(client: &Client, id: &str, follow: bool) -> Result<(), CliError> {
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
-            println!(
+            let line = format!(
                 "{} {:<5} {} {}",
                 entry.timestamp,
                 entry.level.as_str(),
                 entry.message,
                 fields.join(" ")
             );
+            println!("{}", term::cell(&line));
         }
         if !follow {
             return Ok(());
