@@ -221,7 +221,7 @@ enum Command {
         #[arg(long, default_value_t = 102_400)]
         key_max_volume_mb: u64,
         #[command(flatten)]
-        builds: BuildArgs,
+        builds: Box<BuildArgs>,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
