@@ -10,7 +10,7 @@
 
 use crate::dockerfile::{self, Plan};
 use crate::dockerfile_build::wire_steps;
-use crate::templates_api::step;
+use crate::http::templates::builds::step;
 use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Builder};
 use airlock_core::driver::Resources;
 use airlock_core::ids::TemplateName;

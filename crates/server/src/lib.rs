@@ -2,7 +2,6 @@
 //! fuzz targets under `fuzz/` drive the same request parsing and validation.
 
 pub mod agent_client;
-pub mod api;
 pub mod auto_resume;
 pub mod builtins;
 pub mod capped;
@@ -11,19 +10,18 @@ pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
 pub mod dockerfile_build;
-pub mod error;
+pub mod http;
 pub mod install;
 pub mod listen;
-pub mod logs_api;
 pub mod mcp;
-pub mod metrics_api;
 pub mod operator_metrics;
 pub mod proxy;
 pub mod serve;
-pub mod template_info;
-pub mod template_tags;
-pub mod templates_api;
-pub mod volumes_api;
+
+// What the fuzz targets drive, by name (see fuzz/fuzz_targets/rest_request.rs).
+pub use http::error::JsonBody;
+pub use http::validate::{check_map, parse_metadata_filter, percent_decode};
+pub use proxy::{classify, url_pairs, Target};
 
 use airlock_core::lifecycle::Lifecycle;
 use airlock_core::store::Store;

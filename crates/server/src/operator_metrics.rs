@@ -5,7 +5,7 @@
 //! headroom), what the API's sandbox verbs did and how long they took, and golden-image and
 //! template builds.
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 pub use airlock_core::disk_usage::{disk_space, DiskSpace};
 use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
 use airlock_core::store::Store;
@@ -111,7 +111,7 @@ pub fn router(sources: Sources) -> Router {
     registry.register_collector(Box::new(DiskCollector(sources.dirs)));
     Router::new()
         .route("/metrics", get(scrape))
-        .fallback(|| async { crate::error::ApiError::not_found("no such route; try /metrics") })
+        .fallback(|| async { crate::http::error::ApiError::not_found("no such route; try /metrics") })
         .with_state(Arc::new(registry))
 }
 

@@ -2,14 +2,14 @@
 
 use crate::agent_client::HttpAgentClient;
 use crate::data_dir::DataDir;
-use crate::{api, listen, proxy, AppState, AppStateInner};
+use crate::{http, listen, proxy, AppState, AppStateInner};
 use airlock_core::build::{BuildLimits, BuildOptions, Builder};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits, OnExit};
 use airlock_core::store::{KeyLimits, Store};
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
-use axum::routing::{get, put};
+use axum::routing::get;
 use axum::Router;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -113,7 +113,7 @@ pub(crate) fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<Ke
             bail!("AIRLOCK_API_KEY is set but empty");
         }
         store.add_api_key_hash(
-            &api::hash_key(key.trim()),
+            &http::auth::hash_key(key.trim()),
             "from AIRLOCK_API_KEY",
             airlock_core::lifecycle::now_unix(),
             KeyLimits::default(),
@@ -125,7 +125,7 @@ pub(crate) fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<Ke
     }
     let key = new_api_key();
     store.add_api_key_hash(
-        &api::hash_key(&key),
+        &http::auth::hash_key(&key),
         "generated at first start",
         airlock_core::lifecycle::now_unix(),
         KeyLimits::default(),
@@ -295,16 +295,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     });
     let app = Router::new()
         .route("/health", get(|| async { (StatusCode::OK, "ok") }))
-        .merge(api::routes(state.clone()))
+        .merge(http::routes(state.clone()))
         .merge(crate::dashboard::routes(state.clone()))
         .merge(crate::mcp::routes(state.clone(), loopback_url(opts.listen)))
-        // Outside the API key: the link is its own authority (see `templates_api::upload`).
-        .route("/uploads/{token}", put(crate::templates_api::upload))
-        // Outside the API key too: each volume's token is checked instead.
-        .merge(crate::volumes_api::content_routes())
-        .fallback(|| async { crate::error::ApiError::not_found("no such route") })
+        .fallback(|| async { http::error::ApiError::not_found("no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(
-            crate::error::MAX_API_BODY,
+            http::error::MAX_API_BODY,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

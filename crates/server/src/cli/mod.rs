@@ -416,7 +416,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             max_snapshot_mb,
         } => {
             let key = crate::serve::new_api_key();
-            let hash = crate::api::hash_key(&key);
+            let hash = crate::http::auth::hash_key(&key);
             let limits = KeyLimits {
                 max_running,
                 max_paused,

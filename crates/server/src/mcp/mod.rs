@@ -14,7 +14,7 @@ mod session;
 mod tools;
 
 use crate::cli::{CliError, Client};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::AppState;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -296,7 +296,7 @@ async fn authenticate(State(gate): State<Arc<Gate>>, mut req: Request, next: Nex
         )
         .into_response();
     }
-    let caller = match crate::api::caller_of_key(&gate.state, &key) {
+    let caller = match crate::http::auth::caller_of_key(&gate.state, &key) {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
     };
