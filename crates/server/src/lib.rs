@@ -2,7 +2,6 @@
 //! fuzz targets under `fuzz/` drive the same request parsing and validation.
 
 pub mod agent_client;
-pub mod auto_resume;
 pub mod builtins;
 pub mod capped;
 pub mod cli;

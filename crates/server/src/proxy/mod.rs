@@ -13,20 +13,21 @@
 //! connection into it is closed (see the gVisor driver), and an idle pooled connection would
 //! hold that up. A new connection over the veth costs well under a millisecond.
 
-use crate::http::validate::percent_decode;
+mod auto_resume;
+mod signed_urls;
+pub mod target;
+
+pub use signed_urls::{url_pairs, Signers};
+pub use target::{classify, Target};
+
 use crate::AppState;
-use airlock_core::ids::{constant_time_eq, SandboxId};
 use airlock_core::lifecycle::Sandbox;
-use airlock_core::store::SandboxRecord;
-use airlock_wire::api::SandboxNotFoundBody;
-use airlock_wire::signed_url::{signature, FileOperation};
-use airlock_wire::{ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
+use airlock_wire::ENVD_PORT;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use bytes::Bytes;
 use http_body::Frame;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -34,6 +35,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use target::{bad_gateway, port_allowed, sandbox_host, sandbox_not_found, TRAFFIC_TOKEN_HEADER};
 
 pub type HttpClient = hyper_util::client::legacy::Client<HttpConnector, Body>;
 
@@ -52,47 +54,6 @@ pub fn http_client() -> HttpClient {
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(connector)
-}
-
-/// Which sandbox and port a request is for, if it is sandbox traffic at all.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Target {
-    Sandbox {
-        id: String,
-        port: u16,
-    },
-    /// A signed `/files` URL: the sandbox is the one whose token made the signature.
-    SignedFiles,
-}
-
-pub fn classify(headers: &HeaderMap, uri: &Uri) -> Option<Target> {
-    if let Some(id) = headers.get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
-        let port = headers
-            .get(SANDBOX_PORT_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or(ENVD_PORT);
-        return Some(Target::Sandbox {
-            id: id.trim().to_owned(),
-            port,
-        });
-    }
-    if let Some(target) = sandbox_host(headers) {
-        return Some(target);
-    }
-    let signed = uri.path() == "/files"
-        && uri
-            .query()
-            .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("signature=")));
-    signed.then_some(Target::SignedFiles)
-}
-
-/// The sandbox and port the request's Host names, if it names one.
-fn sandbox_host(headers: &HeaderMap) -> Option<Target> {
-    headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_sandbox_host)
 }
 
 /// How a browser may show a sandbox's answer on the API's origin.
@@ -136,23 +97,6 @@ fn attachment(given: Option<&header::HeaderValue>) -> header::HeaderValue {
         .unwrap_or_else(|| header::HeaderValue::from_static("attachment"))
 }
 
-/// `49983-abc123.example.test[:port]` → sandbox `abc123`, port 49983.
-fn parse_sandbox_host(host: &str) -> Option<Target> {
-    let label = host.split('.').next()?;
-    if label.len() == host.len() {
-        return None; // a bare name like `localhost` is the API
-    }
-    let (port, id) = label.split_once('-')?;
-    let port = port.parse().ok()?;
-    let id_ok = !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    id_ok.then(|| Target::Sandbox {
-        id: id.to_owned(),
-        port,
-    })
-}
 
 /// Middleware in front of the API: sandbox traffic is forwarded, everything else passes on.
 pub async fn route_sandbox_traffic(
@@ -172,7 +116,7 @@ pub async fn route_sandbox_traffic(
             });
             let sandbox = match state.lifecycle.running(&id).await {
                 Ok(sandbox) => sandbox,
-                Err(_) => match crate::auto_resume::wake(&state, &id, port, req.headers()).await {
+                Err(_) => match auto_resume::wake(&state, &id, port, req.headers()).await {
                     Ok(sandbox) => sandbox,
                     Err(answer) => return answer,
                 },
@@ -195,7 +139,7 @@ pub async fn route_sandbox_traffic(
                 confine(answer, Shown::AsIs)
             }
         }
-        Some(Target::SignedFiles) => match signer_of(&state, req.method(), req.uri()).await {
+        Some(Target::SignedFiles) => match signed_urls::signer_of(&state, req.method(), req.uri()).await {
             Some(sandbox) => confine(
                 forward(&state, sandbox, ENVD_PORT, req).await,
                 Shown::AsDownload,
@@ -209,112 +153,6 @@ pub async fn route_sandbox_traffic(
     }
 }
 
-/// Header with which E2B's SDK proves itself on a sandbox's ports besides envd's.
-pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
-
-/// Whether a request may reach a port of the sandbox other than envd's (which has its own
-/// access token): with `allowPublicTraffic: false` it needs the traffic token.
-pub(crate) fn port_allowed(record: &SandboxRecord, headers: &HeaderMap) -> bool {
-    if !record.require_traffic_token {
-        return true;
-    }
-    let (Some(expected), Some(given)) = (
-        record.traffic_access_token.as_deref(),
-        headers.get(TRAFFIC_TOKEN_HEADER),
-    ) else {
-        return false;
-    };
-    constant_time_eq(given.as_bytes(), expected.as_bytes())
-}
-
-/// The answer E2B's proxy gives for a sandbox that does not exist (any more); the SDK turns it
-/// into "sandbox not running".
-pub fn sandbox_not_found(id: &str) -> Response {
-    bad_gateway(id, "The sandbox was not found")
-}
-
-fn bad_gateway(id: &str, message: &str) -> Response {
-    (
-        StatusCode::BAD_GATEWAY,
-        Json(SandboxNotFoundBody {
-            sandbox_id: id.to_owned(),
-            message: message.into(),
-            code: 502,
-        }),
-    )
-        .into_response()
-}
-
-/// The sandbox whose access token produced this URL's signature (protocol doc §3.6). The SDK
-/// puts no sandbox id in such a URL, so the first request for a signature checks it against
-/// each running sandbox's token, one hash each (the method fixes the operation), and remembers
-/// the answer: requests for that URL after it are found in O(1).
-async fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox>> {
-    let operation = match *method {
-        Method::GET | Method::HEAD => FileOperation::Read,
-        Method::POST => FileOperation::Write,
-        _ => return None,
-    };
-    let query: Vec<(String, String)> = uri.query().map(url_pairs).unwrap_or_default();
-    let get = |k: &str| {
-        query
-            .iter()
-            .find(|(key, _)| key == k)
-            .map(|(_, v)| v.as_str())
-    };
-    let given = get("signature")?;
-    let (path, username) = (get("path").unwrap_or(""), get("username").unwrap_or(""));
-    let expiration = get("signature_expiration");
-    let signed_by = |token: &str| {
-        let expected = signature(path, operation, username, token, expiration);
-        constant_time_eq(expected.as_bytes(), given.as_bytes())
-    };
-    if let Some(id) = state.signers.get(given) {
-        if let Ok(sandbox) = state.lifecycle.running(id.as_str()).await {
-            if sandbox.access_token().as_deref().is_some_and(signed_by) {
-                return Some(sandbox);
-            }
-        }
-    }
-    let sandbox = state.lifecycle.find_by_access_token(signed_by)?;
-    state.signers.remember(given, sandbox.id().clone());
-    Some(sandbox)
-}
-
-/// Signatures already matched to their sandbox. Bounded: when full it starts over, which costs
-/// only a new lookup per URL.
-#[derive(Default)]
-pub struct Signers(std::sync::Mutex<std::collections::HashMap<String, SandboxId>>);
-
-impl Signers {
-    const MAX: usize = 4096;
-
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SandboxId>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn get(&self, signature: &str) -> Option<SandboxId> {
-        self.map().get(signature).cloned()
-    }
-
-    fn remember(&self, signature: &str, sandbox: SandboxId) {
-        let mut map = self.map();
-        if map.len() >= Self::MAX {
-            map.clear();
-        }
-        map.insert(signature.to_owned(), sandbox);
-    }
-}
-
-pub fn url_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            Some((percent_decode(k)?, percent_decode(v)?))
-        })
-        .collect()
-}
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -412,51 +250,6 @@ impl http_body::Body for CutOnKill {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(
-                header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        h
-    }
-
-    #[test]
-    fn classifies_by_header_host_and_signature() {
-        let uri: Uri = "/process.Process/Start".parse().unwrap();
-        assert_eq!(
-            classify(
-                &headers(&[("e2b-sandbox-id", "abc"), ("e2b-sandbox-port", "49999")]),
-                &uri
-            ),
-            Some(Target::Sandbox {
-                id: "abc".into(),
-                port: 49999
-            })
-        );
-        assert_eq!(
-            classify(&headers(&[("host", "8080-abc1.airlock.test:3000")]), &uri),
-            Some(Target::Sandbox {
-                id: "abc1".into(),
-                port: 8080
-            })
-        );
-        assert_eq!(
-            classify(&headers(&[("host", "127.0.0.1:3000")]), &uri),
-            None
-        );
-        assert_eq!(
-            classify(&headers(&[("host", "localhost:3000")]), &uri),
-            None
-        );
-        let signed: Uri = "/files?path=%2Fa&signature=v1_x".parse().unwrap();
-        assert_eq!(classify(&headers(&[]), &signed), Some(Target::SignedFiles));
-        let health: Uri = "/health".parse().unwrap();
-        assert_eq!(classify(&headers(&[]), &health), None);
-    }
-
     #[test]
     fn downloads_keep_their_file_name() {
         let value = |s: &str| header::HeaderValue::from_str(s).unwrap();
@@ -472,14 +265,4 @@ mod tests {
         assert_eq!(attachment(None), "attachment");
     }
 
-    #[test]
-    fn query_strings_decode() {
-        assert_eq!(
-            url_pairs("path=%2Fhome%2Fuser&x=a+b"),
-            vec![
-                ("path".to_string(), "/home/user".to_string()),
-                ("x".to_string(), "a b".to_string())
-            ]
-        );
-    }
 }
