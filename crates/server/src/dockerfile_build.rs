@@ -2,7 +2,9 @@
 //! server through the same API the SDK's template builder uses (`POST /v3/templates`, the COPY
 //! uploads, `POST /v2/templates/{id}/builds/{build}`, then the build's status and logs).
 
-use crate::cli::{term, CliError, Client};
+use crate::cli::CliError;
+use crate::client::Client;
+use crate::term;
 use crate::dockerfile::{self, PlanStep};
 use airlock_core::build::copy::{check_source, source_base};
 use airlock_core::template::KNOWN_TEMPLATES;
@@ -152,8 +154,8 @@ async fn follow(
     let mut current_step = None;
     let outcome = loop {
         let path = format!("/templates/{template}/builds/{build}/status?logsOffset={offset}");
-        let status: BuildStatusBody = match client.call("GET", &path).await.and_then(|b| parse(&b))
-        {
+        let answer = client.call("GET", &path).await.map_err(CliError::from);
+        let status: BuildStatusBody = match answer.and_then(|b| parse(&b)) {
             Ok(status) => status,
             Err(e) => break Err(e),
         };

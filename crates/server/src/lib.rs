@@ -3,8 +3,8 @@
 
 pub mod agent_client;
 pub mod builtins;
-pub mod capped;
 pub mod cli;
+pub mod client;
 pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
@@ -16,6 +16,7 @@ pub mod mcp;
 pub mod operator_metrics;
 pub mod proxy;
 pub mod serve;
+pub mod term;
 
 // What the fuzz targets drive, by name (see fuzz/fuzz_targets/rest_request.rs).
 pub use http::error::JsonBody;
@@ -32,7 +33,7 @@ pub struct AppStateInner {
     pub builder: Arc<airlock_core::build::Builder>,
     pub store: Arc<Store>,
     pub volumes: Arc<airlock_core::volumes::Volumes>,
-    pub http: proxy::HttpClient,
+    pub http: client::HttpClient,
     pub signers: proxy::Signers,
     /// `--domain`: what sandboxes' ports are named under (`{port}-{id}.{domain}`).
     pub domain: Option<String>,

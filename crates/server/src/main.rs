@@ -4,6 +4,7 @@ use airlock_core::build::BuildLimits;
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
 use airlock_core::volumes::VolumeLimits;
+use airlock_server::client::Client;
 use airlock_server::data_dir::DataDir;
 use airlock_server::{cli, serve};
 use clap::{Parser, Subcommand};
@@ -365,7 +366,7 @@ fn data_dir(root: &Path, templates: Option<&Path>) -> Result<DataDir, cli::CliEr
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    let client = || cli::Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
+    let client = || Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
     let result = match cli.command {
         Command::Serve {
             listen,
@@ -474,7 +475,8 @@ async fn run(cli: Cli) -> ExitCode {
             ..
         } => {
             let timeout = std::time::Duration::from_secs(sandbox_timeout);
-            airlock_server::mcp::stdio(client(), template, timeout, files_dir).await
+            let served = airlock_server::mcp::stdio(client(), template, timeout, files_dir);
+            served.await.map_err(cli::CliError::from)
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;

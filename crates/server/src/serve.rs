@@ -213,7 +213,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         )
         .context("setting up the gVisor driver")?,
     );
-    let http = proxy::http_client();
+    let http = crate::client::http_client();
     let agent = Arc::new(HttpAgentClient { http: http.clone() });
     let volumes = Arc::new(
         airlock_core::volumes::Volumes::new(

@@ -2,23 +2,20 @@
 //! API, as does `airlock template build -f`; `airlock key …` and `airlock template ls` work on
 //! the local data dir.
 
-pub(crate) mod files;
-pub(crate) mod process;
-pub(crate) mod run;
+mod process;
+mod run;
 mod sandbox;
-pub mod term;
 
 pub use run::{run, RunOptions};
 pub use sandbox::{sandbox, SandboxCommand};
 
+use crate::client::{percent_encode, Client, ClientError};
 use crate::data_dir::DataDir;
 use crate::dockerfile_build::DockerfileBuild;
+use crate::term;
 use airlock_core::store::{KeyLimits, Store};
-use airlock_wire::api::{ErrorBody, SandboxDetail};
-use axum::body::Body;
 use clap::Subcommand;
-use http_body_util::BodyExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Subcommand)]
@@ -134,31 +131,6 @@ fn parse_pair(arg: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A server's JSON answer.
-pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(answer: &'a [u8]) -> Result<T, CliError> {
-    serde_json::from_slice(answer).map_err(|e| CliError::Failed(format!("unexpected answer: {e}")))
-}
-
-/// `text` percent-encoded for a URL's query.
-pub(crate) fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// What a failed call's answer says: its `{message}`, or its text.
-fn error_message(body: &[u8], status: http::StatusCode) -> String {
-    let message = serde_json::from_slice::<ErrorBody>(body)
-        .map(|e| e.message)
-        .unwrap_or_else(|_| String::from_utf8_lossy(body).trim().to_owned());
-    format!("{message} ({status})")
-}
-
 #[derive(Subcommand)]
 pub enum KeyCommand {
     /// Make a new API key and print it (only once: the server keeps just its SHA-256). Each key
@@ -191,8 +163,8 @@ pub enum KeyCommand {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("cannot reach the Airlock server at {url}: {detail}")]
-    Unreachable { url: String, detail: String },
+    #[error(transparent)]
+    Client(#[from] ClientError),
     #[error("{0}")]
     Failed(String),
     #[error(transparent)]
@@ -212,104 +184,9 @@ impl CliError {
 
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            CliError::Unreachable { .. } => ExitCode::from(3),
+            CliError::Client(ClientError::Unreachable { .. }) => ExitCode::from(3),
             _ => ExitCode::FAILURE,
         }
-    }
-}
-
-/// A minimal client for the server's API and sandbox proxy.
-#[derive(Clone)]
-pub struct Client {
-    base: String,
-    api_key: Option<String>,
-    http: crate::proxy::HttpClient,
-}
-
-impl Client {
-    pub fn new(url: &str, api_key: Option<String>, data_dir: &Path) -> Self {
-        // Same host as the server: the key it generated is in its data dir.
-        let api_key = api_key.or_else(|| {
-            std::fs::read_to_string(DataDir::layout(data_dir, None).api_key_file())
-                .ok()
-                .map(|k| k.trim().to_owned())
-        });
-        Client::with_key(url, api_key)
-    }
-
-    /// A client of the server at `url` with `api_key` (no key: calls that need one get 401),
-    /// as the MCP server makes one for each caller.
-    pub(crate) fn with_key(url: &str, api_key: Option<String>) -> Self {
-        Client {
-            base: url.trim_end_matches('/').to_owned(),
-            api_key,
-            http: crate::proxy::http_client(),
-        }
-    }
-
-    pub(crate) fn request(&self, method: &str, path: &str) -> http::request::Builder {
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
-        if let Some(key) = &self.api_key {
-            req = req.header("x-api-key", key);
-        }
-        req
-    }
-
-    pub(crate) async fn send(
-        &self,
-        req: hyper::Request<Body>,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
-        self.http
-            .request(req)
-            .await
-            .map_err(|e| CliError::Unreachable {
-                url: self.base.clone(),
-                detail: e.to_string(),
-            })
-    }
-
-    /// Sends a bodyless API call and returns the body of a 2xx answer.
-    pub(crate) async fn call(&self, method: &str, path: &str) -> Result<Vec<u8>, CliError> {
-        self.call_with(method, path, Body::empty()).await
-    }
-
-    /// Sends an API call with a JSON body and returns the body of a 2xx answer.
-    pub(crate) async fn call_json(
-        &self,
-        method: &str,
-        path: &str,
-        body: &impl serde::Serialize,
-    ) -> Result<Vec<u8>, CliError> {
-        let body = serde_json::to_vec(body).map_err(|e| CliError::Failed(e.to_string()))?;
-        self.call_with(method, path, Body::from(body)).await
-    }
-
-    async fn call_with(&self, method: &str, path: &str, body: Body) -> Result<Vec<u8>, CliError> {
-        let req = self
-            .request(method, path)
-            .header("content-type", "application/json")
-            .body(body)
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        let resp = self.send(req).await?;
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| CliError::Failed(format!("reading the answer: {e}")))?
-            .to_bytes();
-        if status.is_success() {
-            return Ok(body.to_vec());
-        }
-        Err(CliError::Failed(error_message(&body, status)))
-    }
-
-    /// The token the sandbox's agent asks for, if it asks for one.
-    pub(crate) async fn access_token(&self, id: &str) -> Result<Option<String>, CliError> {
-        let answer = self.call("GET", &format!("/sandboxes/{id}")).await?;
-        Ok(parse::<SandboxDetail>(&answer)?.envd_access_token)
     }
 }
 

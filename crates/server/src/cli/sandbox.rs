@@ -1,7 +1,9 @@
 //! `airlock sandbox …`: the sandbox verbs, each one call to the running server's API (the same
 //! calls the SDK makes), so they see what the key sees.
 
-use super::{parse, parse_pair, percent_encode, print_table, term, CliError, Client};
+use super::{parse_pair, print_table, CliError};
+use crate::client::{parse, percent_encode, Client, ClientError};
+use crate::term;
 use airlock_wire::api::{SandboxDetail, SandboxLogsV2, SnapshotInfo};
 use clap::Subcommand;
 use std::collections::BTreeMap;
@@ -164,11 +166,11 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
             for id in &ids {
                 match client.call("DELETE", &format!("/sandboxes/{id}")).await {
                     Ok(_) => println!("killed {id}"),
-                    Err(CliError::Failed(msg)) => {
+                    Err(ClientError::Failed(msg)) => {
                         eprintln!("airlock: {}: {}", term::cell(id), term::escaped(&msg));
                         failed = true;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
             if failed {
@@ -221,7 +223,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
         SandboxCommand::Shell { id, user } => {
             return super::process::shell(&client, &id, &user).await
         }
-        SandboxCommand::Cp { src, dst, user } => super::files::copy(&client, &src, &dst, &user)
+        SandboxCommand::Cp { src, dst, user } => crate::client::files::copy(&client, &src, &dst, &user)
             .await
             .map(|what| println!("{what}"))?,
     }
@@ -322,7 +324,7 @@ async fn logs(client: &Client, id: &str, follow: bool) -> Result<(), CliError> {
         };
         let answer = match client.call("GET", &path).await {
             // The sandbox ended while being followed.
-            Err(CliError::Failed(_)) if cursor.is_some() => return Ok(()),
+            Err(ClientError::Failed(_)) if cursor.is_some() => return Ok(()),
             other => other?,
         };
         let page: SandboxLogsV2 = parse(&answer)?;

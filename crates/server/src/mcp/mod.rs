@@ -13,7 +13,7 @@ mod owners;
 mod session;
 mod tools;
 
-use crate::cli::{CliError, Client};
+use crate::client::{Client, ClientError};
 use crate::http::error::ApiError;
 use crate::AppState;
 use axum::extract::{Request, State};
@@ -197,14 +197,14 @@ pub async fn stdio(
     template: String,
     timeout: Duration,
     files_dir: Option<std::path::PathBuf>,
-) -> Result<ExitCode, CliError> {
-    let files = FilesDir::new(files_dir).map_err(|e| CliError::Failed(e.to_string()))?;
+) -> Result<ExitCode, ClientError> {
+    let files = FilesDir::new(files_dir).map_err(|e| ClientError::Failed(e.to_string()))?;
     let sandboxes = Arc::new(SessionSandboxes::new(template, timeout));
     let handler = AirlockMcp {
         api: Api::Fixed(client, files),
         sandboxes: sandboxes.clone(),
     };
-    let failed = |e: String| CliError::Failed(format!("MCP over stdio: {e}"));
+    let failed = |e: String| ClientError::Failed(format!("MCP over stdio: {e}"));
     let running = handler
         .serve(rmcp::transport::stdio())
         .await

@@ -30,14 +30,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body::Frame;
-use hyper_util::client::legacy::connect::HttpConnector;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use target::{bad_gateway, port_allowed, sandbox_host, sandbox_not_found, TRAFFIC_TOKEN_HEADER};
-
-pub type HttpClient = hyper_util::client::legacy::Client<HttpConnector, Body>;
 
 /// Agent routes only the server may call; the proxy never forwards them.
 const INTERNAL_PATHS: &[&str] = &[
@@ -46,15 +43,6 @@ const INTERNAL_PATHS: &[&str] = &[
     airlock_wire::REBOOT_PATH,
     airlock_wire::IDLE_PATH,
 ];
-
-pub fn http_client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build(connector)
-}
 
 /// How a browser may show a sandbox's answer on the API's origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
