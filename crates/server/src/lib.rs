@@ -8,7 +8,6 @@ pub mod client;
 pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
-pub mod dockerfile_build;
 pub mod http;
 pub mod install;
 pub mod listen;

@@ -490,7 +490,7 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Command::Template(cmd) => match cmd.into_job() {
             cli::TemplateJob::Build(build) => {
-                airlock_server::dockerfile_build::run(client(), build).await
+                cli::template_build(client(), build).await
             }
             cli::TemplateJob::List { json } => {
                 data_dir(&cli.data_dir, cli.templates_dir.as_deref())

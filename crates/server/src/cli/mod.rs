@@ -5,123 +5,19 @@
 mod process;
 mod run;
 mod sandbox;
+mod template;
 
 pub use run::{run, RunOptions};
 pub use sandbox::{sandbox, SandboxCommand};
+pub use template::{template_build, template_cancel, template_ls, TemplateCommand, TemplateJob};
 
-use crate::client::{percent_encode, Client, ClientError};
+use crate::client::ClientError;
 use crate::data_dir::DataDir;
-use crate::dockerfile_build::DockerfileBuild;
 use crate::term;
 use airlock_core::store::{KeyLimits, Store};
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
-
-#[derive(Subcommand)]
-pub enum TemplateCommand {
-    /// Cancel a build that waits for its turn or runs: its step stops at once and the build
-    /// ends with an error. `template build` prints the template and build ids.
-    Cancel {
-        /// The template's name or id.
-        template: String,
-        /// The build's id.
-        build: String,
-    },
-    /// List built templates (the built-ins, and every key's templates as NAME:TAG).
-    Ls {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Build a template.
-    ///
-    /// `airlock template build -f Dockerfile -n NAME [CONTEXT]` builds a Dockerfile on the
-    /// running server, for your API key, as the SDK's `Template.build` does: FROM an image in
-    /// any OCI registry, RUN, COPY/ADD of local files, ENV, ARG, WORKDIR, USER, and CMD or
-    /// ENTRYPOINT as the start command that is already running when a sandbox starts. Steps
-    /// whose inputs did not change come from the cache. Then `Sandbox.create("NAME")`.
-    ///
-    /// The built-in templates (base, code-interpreter-v1) are Dockerfiles too, in the
-    /// repository's templates/ directory: `airlock serve` builds them the same way when it
-    /// starts.
-    Build {
-        /// The build context, where COPY finds its sources [default: the Dockerfile's
-        /// directory].
-        context: Option<PathBuf>,
-        /// The Dockerfile to build.
-        #[arg(short = 'f', long = "file")]
-        file: PathBuf,
-        /// The template's name, which sandboxes are created from; `NAME:TAG` tags this build
-        /// (without one it is `NAME:default`, which `NAME` alone starts).
-        #[arg(short = 'n', long)]
-        name: String,
-        /// CPUs for the template's sandboxes [default: the server's].
-        #[arg(long)]
-        cpu_count: Option<u32>,
-        /// Memory for the template's sandboxes, in MiB [default: the server's].
-        #[arg(long)]
-        memory_mb: Option<u32>,
-        /// A shell command that must exit 0 before the start command counts as ready, e.g.
-        /// `curl -fs localhost:8000` [default: wait 20 s, as E2B does].
-        #[arg(long)]
-        ready_cmd: Option<String>,
-        /// Run every step again, even those in the cache.
-        #[arg(long)]
-        no_cache: bool,
-        /// A value for one of the Dockerfile's ARGs (repeatable), as `docker build` takes it.
-        #[arg(long = "build-arg", value_name = "NAME=VALUE", value_parser = parse_pair)]
-        build_args: Vec<(String, String)>,
-    },
-}
-
-/// What a `template` command does: a Dockerfile build goes to the server, a listing reads the
-/// data dir.
-pub enum TemplateJob {
-    Build(DockerfileBuild),
-    List { json: bool },
-    Cancel { template: String, build: String },
-}
-
-impl TemplateCommand {
-    pub fn into_job(self) -> TemplateJob {
-        match self {
-            TemplateCommand::Build {
-                context,
-                file: dockerfile,
-                name,
-                cpu_count,
-                memory_mb,
-                ready_cmd,
-                no_cache,
-                build_args,
-            } => TemplateJob::Build(DockerfileBuild {
-                build_args: build_args.into_iter().collect(),
-                dockerfile,
-                name,
-                context,
-                cpu_count,
-                memory_mb,
-                ready_cmd,
-                no_cache,
-            }),
-            TemplateCommand::Ls { json } => TemplateJob::List { json },
-            TemplateCommand::Cancel { template, build } => TemplateJob::Cancel { template, build },
-        }
-    }
-}
-
-/// `airlock template cancel`: stops a build of the caller's.
-pub async fn template_cancel(client: Client, template: &str, build: &str) -> Result<(), CliError> {
-    let path = format!(
-        "/templates/{}/builds/{}",
-        percent_encode(template),
-        percent_encode(build)
-    );
-    client.call("DELETE", &path).await?;
-    println!("cancelled build {build} of {template}");
-    Ok(())
-}
 
 /// `NAME=VALUE`, as `--build-arg`, `--env` and `--metadata` take it.
 fn parse_pair(arg: &str) -> Result<(String, String), String> {
@@ -237,40 +133,6 @@ fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     for row in &rows {
         line(row.iter().map(String::as_str).collect());
     }
-}
-
-/// `airlock template ls`: the built templates in the data dir's database that a name reaches:
-/// the built-ins, and each tagged build of a user template as `name:tag` (every key's).
-pub fn template_ls(data: &DataDir, json: bool) -> Result<ExitCode, CliError> {
-    let store = open_store(data)?;
-    let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
-    let mut rows: Vec<[String; 4]> = Vec::new();
-    for t in store.named_templates().map_err(failed)? {
-        let names = match store.template_of_record(&t.name).map_err(failed)? {
-            Some(owner) => {
-                let tags = store.tags_of(&owner.id).map_err(failed)?.into_iter();
-                let tags = tags.filter(|tag| tag.build_id == t.name.as_str());
-                let names: Vec<String> = tags
-                    .map(|tag| format!("{}:{}", owner.alias, tag.tag))
-                    .collect();
-                // A build being published has its tags once it is ready.
-                if names.is_empty() {
-                    t.name.to_string()
-                } else {
-                    names.join(",")
-                }
-            }
-            None => t.name.to_string(),
-        };
-        rows.push([
-            names,
-            t.content_hash.chars().take(12).collect(),
-            format!("{:.0} MiB", t.size_bytes as f64 / (1024.0 * 1024.0)),
-            rfc3339(t.built_at),
-        ]);
-    }
-    print_rows(json, &["NAME", "HASH", "SIZE", "BUILT"], &rows);
-    Ok(ExitCode::SUCCESS)
 }
 
 fn rfc3339(unix: i64) -> String {
