@@ -2,19 +2,16 @@
 //! fuzz targets under `fuzz/` drive the same request parsing and validation.
 
 pub mod agent_client;
-pub mod builtins;
+pub mod boot;
 pub mod cli;
 pub mod client;
 pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
 pub mod http;
-pub mod install;
-pub mod listen;
 pub mod mcp;
 pub mod operator_metrics;
 pub mod proxy;
-pub mod serve;
 pub mod term;
 
 // What the fuzz targets drive, by name (see fuzz/fuzz_targets/rest_request.rs).

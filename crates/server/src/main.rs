@@ -6,7 +6,7 @@ use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
 use airlock_core::volumes::VolumeLimits;
 use airlock_server::client::Client;
 use airlock_server::data_dir::DataDir;
-use airlock_server::{cli, serve};
+use airlock_server::{boot, cli};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -398,7 +398,7 @@ async fn run(cli: Cli) -> ExitCode {
             prepare_only,
             stop_sandboxes_on_exit,
             domain,
-        } => serve::serve(serve::ServeOptions {
+        } => boot::serve(boot::ServeOptions {
             listen,
             metrics_listen,
             data_dir: cli.data_dir.clone(),
@@ -455,7 +455,7 @@ async fn run(cli: Cli) -> ExitCode {
             metrics_listen,
             unit_dir,
             no_start,
-        } => airlock_server::install::install(airlock_server::install::InstallOptions {
+        } => boot::install::install(boot::install::InstallOptions {
             data_dir: cli.data_dir.clone(),
             templates_dir: cli.templates_dir.clone(),
             listen,

@@ -4,6 +4,7 @@
 
 use crate::http::error::ApiError;
 use crate::AppState;
+use airlock_core::keys::hash_key;
 use airlock_core::lifecycle::LifecycleError;
 use airlock_core::store::SandboxRecord;
 use axum::extract::{FromRequestParts, Path, Request, State};
@@ -11,12 +12,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
-
-pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
-}
 
 /// The API key a request came with (its public id). Each key sees only the sandboxes and
 /// snapshots it made.

@@ -29,7 +29,7 @@ macro_rules! context_file {
     ($template:literal, $path:literal) => {
         (
             $path,
-            include_str!(concat!("../../../templates/", $template, "/", $path)),
+            include_str!(concat!("../../../../templates/", $template, "/", $path)),
         )
     };
 }
