@@ -34,7 +34,7 @@ pub struct AppStateInner {
     /// `--domain`: what sandboxes' ports are named under (`{port}-{id}.{domain}`).
     pub domain: Option<String>,
     /// The API's sandbox verbs, counted and timed for the operator's `/metrics`.
-    pub verbs: Arc<operator_metrics::Verbs>,
+    pub verbs: Arc<http::verbs::Verbs>,
     /// The data dir, whose disk's headroom the dashboard shows.
     pub data_dir: std::path::PathBuf,
 }

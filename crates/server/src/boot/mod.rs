@@ -166,7 +166,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
     tokio::spawn(lifecycle.clone().run_freezer(stop.clone()));
-    let verbs = Arc::new(crate::operator_metrics::Verbs::default());
+    let verbs = Arc::new(http::verbs::Verbs::default());
     let state: AppState = Arc::new(AppStateInner {
         verbs: verbs.clone(),
         data_dir: data.root().to_owned(),

@@ -10,6 +10,7 @@ pub mod sandboxes;
 mod snapshots;
 pub mod templates;
 pub mod validate;
+pub mod verbs;
 mod volumes;
 
 use crate::AppState;
