@@ -7,7 +7,7 @@ use crate::client::process::{EventsError, ProcessEvents};
 use crate::client::HttpClient;
 use airlock_core::lifecycle::{AgentClient, AgentCommand, InitError, OutputLine, Program};
 use airlock_wire::connect;
-use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessOutput};
+use airlock_wire::envd::{InitRequest, ProcessConfig, ProcessEvent, ProcessOutput, StartRequest};
 use airlock_wire::logs::{LineBuffer, LogEntry, LOGS_PATH, START_CMD_TAG};
 use airlock_wire::{
     IdleReport, ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT, IDLE_PATH, REBOOT_PATH,
@@ -220,14 +220,17 @@ impl HttpAgentClient {
                 None => return Err("an empty command".into()),
             },
         };
-        let mut process = serde_json::json!({ "cmd": cmd, "args": args, "envs": command.envs });
-        if let Some(cwd) = &command.cwd {
-            process["cwd"] = cwd.as_str().into();
-        }
-        let mut message = serde_json::json!({ "process": process, "stdin": false });
-        if command.logged {
-            message["tag"] = START_CMD_TAG.into();
-        }
+        let message = StartRequest {
+            process: ProcessConfig {
+                cmd: cmd.to_owned(),
+                args,
+                envs: command.envs.clone(),
+                cwd: command.cwd.clone(),
+            },
+            pty: None,
+            tag: command.logged.then(|| START_CMD_TAG.to_owned()),
+            stdin: Some(false),
+        };
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
         let mut req =
             hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/process.Process/Start"))

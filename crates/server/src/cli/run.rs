@@ -4,6 +4,7 @@
 use super::CliError;
 use crate::client::interpreter::stream_execution;
 use crate::client::Client;
+use airlock_wire::api::NewSandbox;
 use base64::Engine;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,11 @@ pub async fn run(client: Client, opts: RunOptions) -> Result<ExitCode, CliError>
         std::fs::read_to_string(&opts.source)
             .map_err(|e| CliError::Failed(format!("reading {}: {e}", opts.source)))?
     };
-    let body = serde_json::json!({"templateID": opts.template, "timeout": opts.timeout_secs + 60});
+    let body = NewSandbox {
+        template_id: opts.template.clone(),
+        timeout: Some(opts.timeout_secs + 60),
+        ..NewSandbox::default()
+    };
     let answer = client.call_json("POST", "/v2/sandboxes", &body).await?;
     let created: airlock_wire::api::Sandbox = crate::client::parse(&answer)?;
     let id = created.sandbox_id.clone();

@@ -4,7 +4,10 @@
 use super::{parse_pair, print_table, CliError};
 use crate::client::{parse, percent_encode, Client, ClientError};
 use crate::term;
-use airlock_wire::api::{SandboxDetail, SandboxLogsV2, SnapshotInfo};
+use airlock_wire::api::{
+    NewSandbox, PauseBody, SandboxDetail, SandboxLogsV2, SnapshotInfo, SnapshotRequest,
+    TimeoutBody,
+};
 use clap::Subcommand;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -127,11 +130,12 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
             metadata,
             json,
         } => {
-            let body = serde_json::json!({
-                "templateID": template,
-                "timeout": timeout,
-                "metadata": metadata.into_iter().collect::<BTreeMap<_, _>>(),
-            });
+            let body = NewSandbox {
+                template_id: template,
+                timeout,
+                metadata: Some(metadata.into_iter().collect()),
+                ..NewSandbox::default()
+            };
             let answer = client.call_json("POST", "/v2/sandboxes", &body).await?;
             let created: airlock_wire::api::Sandbox = parse(&answer)?;
             print_json_or(json, &answer, || println!("{}", created.sandbox_id));
@@ -183,7 +187,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 .call_json(
                     "POST",
                     &format!("/sandboxes/{id}/pause"),
-                    &serde_json::json!({}),
+                    &PauseBody::default(),
                 )
                 .await?;
             println!("paused {id} in {:.1} s", started.elapsed().as_secs_f64());
@@ -193,7 +197,10 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 .call_json(
                     "POST",
                     &format!("/sandboxes/{id}/resume"),
-                    &serde_json::json!({ "timeout": timeout }),
+                    &TimeoutBody {
+                        timeout,
+                        ..TimeoutBody::default()
+                    },
                 )
                 .await?;
             println!("resumed {id}");
@@ -203,7 +210,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 .call_json(
                     "POST",
                     &format!("/sandboxes/{id}/snapshots"),
-                    &serde_json::json!({ "name": name }),
+                    &SnapshotRequest { name },
                 )
                 .await?;
             let snapshot: SnapshotInfo = parse(&answer)?;

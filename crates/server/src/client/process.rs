@@ -6,7 +6,9 @@
 use super::{Client, ClientError};
 use airlock_wire::api::Sandbox;
 use airlock_wire::connect::{self, Decoder};
-use airlock_wire::envd::{ProcessEvent, ProcessEventMessage, StartRequest};
+use airlock_wire::envd::{
+    ProcessEvent, ProcessEventMessage, ProcessSelector, SendSignalRequest, Signal, StartRequest,
+};
 use axum::body::Body;
 use base64::Engine;
 use http_body_util::BodyExt;
@@ -144,7 +146,10 @@ impl Process {
 
     /// Kills the process (SIGKILL).
     pub(crate) async fn kill(&self) -> Result<(), ClientError> {
-        let kill = serde_json::json!({"process": {"pid": self.pid}, "signal": "SIGNAL_SIGKILL"});
+        let kill = SendSignalRequest {
+            process: ProcessSelector::Pid(self.pid),
+            signal: Signal::Kill,
+        };
         self.rpc.call("SendSignal", &kill).await
     }
 }

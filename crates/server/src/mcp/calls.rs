@@ -8,7 +8,9 @@ use crate::client::interpreter::stream_execution;
 use crate::client::process::{Process, Rpc};
 use crate::client::{Client, ClientError};
 use airlock_wire::api::Sandbox;
-use airlock_wire::envd::{ProcessConfig, ProcessEvent, ProcessOutput, StartRequest};
+use airlock_wire::envd::{
+    ListDirRequest, ProcessConfig, ProcessEvent, ProcessOutput, StartRequest,
+};
 use base64::Engine;
 use http_body_util::BodyExt;
 use rmcp::model::{ContentBlock, ResourceContents};
@@ -283,7 +285,10 @@ pub async fn write_file(client: &Client, sandbox: &Sandbox, args: WriteFile) -> 
 pub async fn list_files(client: &Client, sandbox: &Sandbox, args: ListFiles) -> Outcome {
     let path = args.path.unwrap_or_else(|| "/home/user".into());
     let rpc = Rpc::connected(client, sandbox, USER);
-    let request = serde_json::json!({"path": path, "depth": args.depth.unwrap_or(1)});
+    let request = ListDirRequest {
+        path: path.clone(),
+        depth: args.depth.unwrap_or(1),
+    };
     let answer = rpc
         .unary("/filesystem.Filesystem/ListDir", &request)
         .await

@@ -7,7 +7,7 @@
 //! without a sandbox id share one sandbox per API key, found again by its metadata.
 
 use crate::client::{Client, ClientError};
-use airlock_wire::api::{Sandbox, SandboxDetail};
+use airlock_wire::api::{NewSandbox, Sandbox, SandboxDetail, TimeoutBody};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -153,11 +153,15 @@ impl SessionSandboxes {
         timeout: Option<u64>,
         scope: Scope,
     ) -> Result<Sandbox, String> {
-        let body = serde_json::json!({
-            "templateID": template.unwrap_or_else(|| self.template.clone()),
-            "timeout": timeout.unwrap_or(self.timeout.as_secs()),
-            "metadata": BTreeMap::from([(MCP_METADATA_KEY, scope.tag())]),
-        });
+        let body = NewSandbox {
+            template_id: template.unwrap_or_else(|| self.template.clone()),
+            timeout: Some(timeout.unwrap_or(self.timeout.as_secs())),
+            metadata: Some(BTreeMap::from([(
+                MCP_METADATA_KEY.to_owned(),
+                scope.tag().to_owned(),
+            )])),
+            ..NewSandbox::default()
+        };
         let answer = client
             .call_json("POST", "/v2/sandboxes", &body)
             .await
@@ -199,7 +203,10 @@ async fn connect(
     id: &str,
     timeout: Option<Duration>,
 ) -> Result<Sandbox, ClientError> {
-    let body = serde_json::json!({"timeout": timeout.map(|t| t.as_secs())});
+    let body = TimeoutBody {
+        timeout: timeout.map(|t| t.as_secs()),
+        ..TimeoutBody::default()
+    };
     let answer = client
         .call_json("POST", &format!("/sandboxes/{id}/connect"), &body)
         .await?;

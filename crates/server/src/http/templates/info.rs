@@ -10,7 +10,8 @@ use crate::http::templates::{find_owned, owned};
 use crate::AppState;
 use airlock_core::store::{BuildRecord, BuildStatus, UserTemplate};
 use airlock_wire::templates::{
-    TemplateAlias, TemplateBuildInfo, TemplateInfo, TemplateUpdate, TemplateWithBuilds,
+    TemplateAlias, TemplateBuildInfo, TemplateInfo, TemplateUpdate, TemplateUpdated,
+    TemplateWithBuilds,
 };
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
@@ -62,14 +63,16 @@ pub(crate) async fn update(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TemplateUpdate>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<TemplateUpdated>, ApiError> {
     let template = owned(&state, &caller, &id)?;
     let updated = UserTemplate {
         public: body.public.unwrap_or(template.public),
         ..template
     };
     state.store.update_user_template(&updated)?;
-    Ok(Json(serde_json::json!({ "names": names(&updated) })))
+    Ok(Json(TemplateUpdated {
+        names: names(&updated),
+    }))
 }
 
 /// `Template.exists`: 200 for a name (or `name:tag`) the caller can start, 404 otherwise

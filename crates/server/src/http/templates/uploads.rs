@@ -7,7 +7,7 @@ use crate::http::error::ApiError;
 use crate::http::templates::owned;
 use crate::AppState;
 use airlock_core::build::uploads::{valid_hash, UploadError, MAX_UPLOAD_BYTES};
-use airlock_wire::templates::TemplateFileUpload;
+use airlock_wire::templates::{TemplateFileUpload, UploadReceived};
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -83,5 +83,5 @@ pub(crate) async fn upload(
         .uploads
         .receive(&token, tokio_util::io::StreamReader::new(stream))
         .await?;
-    Ok((StatusCode::OK, Json(serde_json::json!({ "size": size }))).into_response())
+    Ok((StatusCode::OK, Json(UploadReceived { size })).into_response())
 }
