@@ -8,6 +8,7 @@ pub mod driver;
 /// Outbound network policies (a wire type: the network services process reads them too).
 pub use airlock_wire::egress;
 pub mod ids;
+pub mod keys;
 pub mod lifecycle;
 pub mod store;
 pub mod template;

@@ -1,12 +1,13 @@
 //! How the server talks to a sandbox's agent itself (health and `/init`), over the sandbox's link.
 //! What the agent answers is the sandbox's to choose, so each answer is read to a cap (see
-//! [`crate::capped`]).
+//! [`crate::client::capped`]).
 
-use crate::capped::{self, MAX_JSON};
-use crate::proxy::HttpClient;
+use crate::client::capped::{self, MAX_JSON};
+use crate::client::process::{EventsError, ProcessEvents};
+use crate::client::HttpClient;
 use airlock_core::lifecycle::{AgentClient, AgentCommand, InitError, OutputLine, Program};
-use airlock_wire::connect::{self, Decoder};
-use airlock_wire::envd::{InitRequest, ProcessEvent, ProcessEventMessage, ProcessOutput};
+use airlock_wire::connect;
+use airlock_wire::envd::{InitRequest, ProcessConfig, ProcessEvent, ProcessOutput, StartRequest};
 use airlock_wire::logs::{LineBuffer, LogEntry, LOGS_PATH, START_CMD_TAG};
 use airlock_wire::{
     IdleReport, ACCESS_TOKEN_HEADER, CODE_INTERPRETER_PORT, ENVD_PORT, IDLE_PATH, REBOOT_PATH,
@@ -219,14 +220,17 @@ impl HttpAgentClient {
                 None => return Err("an empty command".into()),
             },
         };
-        let mut process = serde_json::json!({ "cmd": cmd, "args": args, "envs": command.envs });
-        if let Some(cwd) = &command.cwd {
-            process["cwd"] = cwd.as_str().into();
-        }
-        let mut message = serde_json::json!({ "process": process, "stdin": false });
-        if command.logged {
-            message["tag"] = START_CMD_TAG.into();
-        }
+        let message = StartRequest {
+            process: ProcessConfig {
+                cmd: cmd.to_owned(),
+                args,
+                envs: command.envs.clone(),
+                cwd: command.cwd.clone(),
+            },
+            pty: None,
+            tag: command.logged.then(|| START_CMD_TAG.to_owned()),
+            stdin: Some(false),
+        };
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
         let mut req =
             hyper::Request::post(format!("http://{addr}:{ENVD_PORT}/process.Process/Start"))
@@ -248,55 +252,47 @@ impl HttpAgentClient {
                 String::from_utf8_lossy(&body)
             ));
         }
-        let mut body = resp.into_body();
-        let mut decoder = Decoder::default();
+        let mut events = ProcessEvents::new(resp.into_body());
         let (mut stdout, mut stderr) = (LineBuffer::default(), LineBuffer::default());
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("the output stream broke: {e}"))?;
-            let Some(chunk) = frame.data_ref() else {
-                continue;
-            };
-            decoder.push(chunk);
-            while let Some(envelope) = decoder.next_envelope().map_err(|e| e.to_string())? {
-                if envelope.is_end_stream() {
-                    let end: connect::EndOfStream =
-                        serde_json::from_slice(&envelope.payload).unwrap_or_default();
-                    if let Some(err) = end.error {
-                        return Err(format!("{:?}: {}", err.code, err.message));
-                    }
-                    continue;
-                }
-                let message: ProcessEventMessage = serde_json::from_slice(&envelope.payload)
-                    .map_err(|e| format!("unexpected message from the agent: {e}"))?;
-                match message.event {
-                    ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => stdout
-                        .push(&d, &mut |text| {
-                            output(OutputLine {
-                                text,
-                                stderr: false,
-                            })
-                        }),
-                    ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
-                        stderr.push(&d, &mut |text| output(OutputLine { text, stderr: true }))
-                    }
-                    ProcessEvent::End(end) => {
-                        stdout.flush(&mut |text| {
-                            output(OutputLine {
-                                text,
-                                stderr: false,
-                            })
-                        });
-                        stderr.flush(&mut |text| output(OutputLine { text, stderr: true }));
-                        return match end.error {
-                            Some(error) if !end.exited => Err(error),
-                            _ => Ok(end.exit_code),
-                        };
-                    }
-                    ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
-                }
+        while let Some(event) = events.next().await.map_err(worded)? {
+        match event {
+            ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => stdout
+                .push(&d, &mut |text| {
+                    output(OutputLine {
+                        text,
+                        stderr: false,
+                    })
+                }),
+            ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
+                stderr.push(&d, &mut |text| output(OutputLine { text, stderr: true }))
             }
+            ProcessEvent::End(end) => {
+                stdout.flush(&mut |text| {
+                    output(OutputLine {
+                        text,
+                        stderr: false,
+                    })
+                });
+                stderr.flush(&mut |text| output(OutputLine { text, stderr: true }));
+                return match end.error {
+                    Some(error) if !end.exited => Err(error),
+                    _ => Ok(end.exit_code),
+                };
+            }
+            ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
+        }
         }
         Err("the output stream ended before the command did".into())
+    }
+}
+
+/// A failed event stream, worded for the server's own calls (a build step's, say): the agent is
+/// the other side.
+fn worded(e: EventsError) -> String {
+    match e {
+        EventsError::Broken(e) => format!("the output stream broke: {e}"),
+        EventsError::Unexpected(e) => format!("unexpected message from the agent: {e}"),
+        other => other.to_string(),
     }
 }
 
@@ -363,7 +359,7 @@ mod tests {
     #[tokio::test]
     async fn answers_without_end_are_cut_off_at_their_caps() {
         let agent = HttpAgentClient {
-            http: crate::proxy::http_client(),
+            http: crate::client::http_client(),
         };
         let ok = endless_agent(200).await;
         let err = agent.logs(ok, None).await.unwrap_err();

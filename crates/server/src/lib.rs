@@ -2,28 +2,22 @@
 //! fuzz targets under `fuzz/` drive the same request parsing and validation.
 
 pub mod agent_client;
-pub mod api;
-pub mod auto_resume;
-pub mod builtins;
-pub mod capped;
+pub mod boot;
 pub mod cli;
+pub mod client;
 pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
-pub mod dockerfile_build;
-pub mod error;
-pub mod install;
-pub mod listen;
-pub mod logs_api;
+pub mod http;
 pub mod mcp;
-pub mod metrics_api;
 pub mod operator_metrics;
 pub mod proxy;
-pub mod serve;
-pub mod template_info;
-pub mod template_tags;
-pub mod templates_api;
-pub mod volumes_api;
+pub mod term;
+
+// What the fuzz targets drive, by name (see fuzz/fuzz_targets/rest_request.rs).
+pub use http::error::JsonBody;
+pub use http::validate::{check_map, parse_metadata_filter, percent_decode};
+pub use proxy::{classify, url_pairs, Target};
 
 use airlock_core::lifecycle::Lifecycle;
 use airlock_core::store::Store;
@@ -35,12 +29,12 @@ pub struct AppStateInner {
     pub builder: Arc<airlock_core::build::Builder>,
     pub store: Arc<Store>,
     pub volumes: Arc<airlock_core::volumes::Volumes>,
-    pub http: proxy::HttpClient,
+    pub http: client::HttpClient,
     pub signers: proxy::Signers,
     /// `--domain`: what sandboxes' ports are named under (`{port}-{id}.{domain}`).
     pub domain: Option<String>,
     /// The API's sandbox verbs, counted and timed for the operator's `/metrics`.
-    pub verbs: Arc<operator_metrics::Verbs>,
+    pub verbs: Arc<http::verbs::Verbs>,
     /// The data dir, whose disk's headroom the dashboard shows.
     pub data_dir: std::path::PathBuf,
 }

@@ -4,8 +4,9 @@ use airlock_core::build::BuildLimits;
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
 use airlock_core::volumes::VolumeLimits;
+use airlock_server::client::Client;
 use airlock_server::data_dir::DataDir;
-use airlock_server::{cli, serve};
+use airlock_server::{boot, cli};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -365,7 +366,7 @@ fn data_dir(root: &Path, templates: Option<&Path>) -> Result<DataDir, cli::CliEr
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    let client = || cli::Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
+    let client = || Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
     let result = match cli.command {
         Command::Serve {
             listen,
@@ -397,7 +398,7 @@ async fn run(cli: Cli) -> ExitCode {
             prepare_only,
             stop_sandboxes_on_exit,
             domain,
-        } => serve::serve(serve::ServeOptions {
+        } => boot::serve(boot::ServeOptions {
             listen,
             metrics_listen,
             data_dir: cli.data_dir.clone(),
@@ -454,7 +455,7 @@ async fn run(cli: Cli) -> ExitCode {
             metrics_listen,
             unit_dir,
             no_start,
-        } => airlock_server::install::install(airlock_server::install::InstallOptions {
+        } => boot::install::install(boot::install::InstallOptions {
             data_dir: cli.data_dir.clone(),
             templates_dir: cli.templates_dir.clone(),
             listen,
@@ -474,7 +475,8 @@ async fn run(cli: Cli) -> ExitCode {
             ..
         } => {
             let timeout = std::time::Duration::from_secs(sandbox_timeout);
-            airlock_server::mcp::stdio(client(), template, timeout, files_dir).await
+            let served = airlock_server::mcp::stdio(client(), template, timeout, files_dir);
+            served.await.map_err(cli::CliError::from)
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;
@@ -488,7 +490,7 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Command::Template(cmd) => match cmd.into_job() {
             cli::TemplateJob::Build(build) => {
-                airlock_server::dockerfile_build::run(client(), build).await
+                cli::template_build(client(), build).await
             }
             cli::TemplateJob::List { json } => {
                 data_dir(&cli.data_dir, cli.templates_dir.as_deref())

@@ -5,7 +5,7 @@
 //! headroom), what the API's sandbox verbs did and how long they took, and golden-image and
 //! template builds.
 
-use crate::error::ApiError;
+use crate::http::verbs::Verbs;
 pub use airlock_core::disk_usage::{disk_space, DiskSpace};
 use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
 use airlock_core::store::Store;
@@ -15,16 +15,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -37,81 +34,16 @@ pub struct Sources {
     pub dirs: Vec<(&'static str, PathBuf)>,
 }
 
-/// The API's sandbox verbs (create, resume, pause, snapshot, kill): how each call ended, and
-/// how long it took, counted as they answer.
-pub struct Verbs {
-    calls: Family<VerbOutcome, Counter>,
-    seconds: Family<Verb, Histogram, fn() -> Histogram>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VerbOutcome {
-    verb: &'static str,
-    /// `ok`, `refused` (the caller's fault or a limit: 4xx) or `failed` (the server's: 5xx).
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Verb {
-    verb: &'static str,
-}
-
-impl Default for Verbs {
-    fn default() -> Self {
-        // 5 ms to 41 s: a pooled create to a cold boot of a big template.
-        fn histogram() -> Histogram {
-            Histogram::new(exponential_buckets(0.005, 2.0, 14))
-        }
-        Verbs {
-            calls: Family::default(),
-            seconds: Family::new_with_constructor(histogram),
-        }
-    }
-}
-
-impl Verbs {
-    /// Runs one call of `verb`, counting how it ended and timing it.
-    pub async fn timed<T, E: Into<ApiError>>(
-        &self,
-        verb: &'static str,
-        call: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, ApiError> {
-        let started = Instant::now();
-        let result = call.await.map_err(Into::into);
-        let outcome = match &result {
-            Ok(_) => "ok",
-            Err(e) if e.status.is_client_error() => "refused",
-            Err(_) => "failed",
-        };
-        self.calls
-            .get_or_create(&VerbOutcome { verb, outcome })
-            .inc();
-        self.seconds
-            .get_or_create(&Verb { verb })
-            .observe(started.elapsed().as_secs_f64());
-        result
-    }
-}
-
 /// The metrics router, for its own listener.
 pub fn router(sources: Sources) -> Router {
     let mut registry = Registry::default();
-    registry.register(
-        "airlock_sandbox_verb_calls",
-        "Calls of the API's sandbox verbs, by how they ended",
-        sources.verbs.calls.clone(),
-    );
-    registry.register(
-        "airlock_sandbox_verb_seconds",
-        "How long the API's sandbox verbs took to answer",
-        sources.verbs.seconds.clone(),
-    );
+    sources.verbs.register(&mut registry);
     registry.register_collector(Box::new(LoadCollector(sources.lifecycle)));
     registry.register_collector(Box::new(BuildsCollector(sources.store)));
     registry.register_collector(Box::new(DiskCollector(sources.dirs)));
     Router::new()
         .route("/metrics", get(scrape))
-        .fallback(|| async { crate::error::ApiError::not_found("no such route; try /metrics") })
+        .fallback(|| async { crate::http::error::ApiError::not_found("no such route; try /metrics") })
         .with_state(Arc::new(registry))
 }
 

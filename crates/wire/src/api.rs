@@ -6,43 +6,43 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// `POST /v2/sandboxes` and `POST /sandboxes` (v1 adds `secure`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NewSandbox {
     #[serde(rename = "templateID")]
     pub template_id: String,
     /// Seconds until the sandbox is killed; the server default applies when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<BTreeMap<String, String>>,
     /// v1 only; `false` means the agent requires no access token. v2 sandboxes are always secured.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure: Option<bool>,
     /// `lifecycle.onTimeout = "pause"`: pause instead of kill when the timeout passes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause: Option<bool>,
     /// `false`: that pause keeps the files only (`lifecycle.onTimeout.mode = "filesystem"`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause_memory: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_resume: Option<AutoResume>,
-    #[serde(default, rename = "allow_internet_access")]
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
     /// Airlock's own: the sandbox's size, each within the server's maximum. E2B takes these
     /// from the template; the server's defaults apply when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_count: Option<u32>,
-    #[serde(default, rename = "memoryMB")]
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "memoryMB")]
     pub memory_mb: Option<u32>,
-    #[serde(default, rename = "diskSizeMB")]
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "diskSizeMB")]
     pub disk_size_mb: Option<u32>,
     /// The caller's volumes to mount, by name.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_mounts: Option<Vec<VolumeMountBody>>,
 }
 
@@ -86,9 +86,9 @@ pub struct SandboxLifecycle {
 }
 
 /// `POST /sandboxes/{id}/snapshots`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SnapshotRequest {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
@@ -119,25 +119,25 @@ pub enum ForkResult {
 
 /// `POST /v2/sandboxes/{id}/connect`, `POST /sandboxes/{id}/resume` and
 /// `POST /sandboxes/{id}/timeout` bodies.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TimeoutBody {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<u64>,
     /// `false` (`on_resume="reboot"`): a paused sandbox starts afresh on its files instead of
     /// going on where it left off.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/pause` (optional).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseBody {
     /// `false`: keep the files only; the sandbox's processes end first.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<bool>,
     /// Refuse the pause (503) when the sandbox's agent does not answer.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub require_healthy_guest: Option<bool>,
 }
 

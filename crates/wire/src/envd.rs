@@ -119,7 +119,16 @@ impl<'de> Deserialize<'de> for Signal {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+impl Serialize for Signal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            Signal::Kill => "SIGNAL_SIGKILL",
+            Signal::Term => "SIGNAL_SIGTERM",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SendSignalRequest {
     pub process: ProcessSelector,
     pub signal: Signal,
@@ -251,7 +260,7 @@ pub struct MoveRequest {
     pub destination: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ListDirRequest {
     #[serde(default)]
     pub path: String,

@@ -183,6 +183,18 @@ pub struct TemplateUpdate {
     pub public: Option<bool>,
 }
 
+/// The answer of `PATCH /templates/{id}`: the names the template is reached by now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TemplateUpdated {
+    pub names: Vec<String>,
+}
+
+/// The answer of `PUT /uploads/{token}`: the bytes received.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UploadReceived {
+    pub size: u64,
+}
+
 /// `GET /templates/{id}`: the template and its builds, newest first.
 #[derive(Debug, Clone, Serialize)]
 pub struct TemplateWithBuilds {

@@ -1,17 +1,14 @@
-//! `airlock sandbox exec` and `shell`: a process in a sandbox through its agent's
-//! `process.Process` service (Connect over HTTP, as the SDK speaks it), its output streamed
-//! back. A shell runs on a terminal in the sandbox that takes this one's keys and size.
+//! `airlock sandbox exec` and `shell`: a process in a sandbox, started and read through the
+//! client's `process.Process` calls (see [`crate::client::process`]), its output streamed back.
+//! A shell runs on a terminal in the sandbox that takes this one's keys and size.
 
-use super::{CliError, Client};
-use airlock_wire::api::Sandbox;
-use airlock_wire::connect::{self, Decoder};
+use super::CliError;
+use crate::client::process::{Process, Rpc};
+use crate::client::Client;
 use airlock_wire::envd::{
-    ProcessConfig, ProcessEvent, ProcessEventMessage, ProcessInput, ProcessOutput, ProcessSelector,
-    Pty, PtySize, SendInputRequest, StartRequest, UpdateRequest,
+    ProcessConfig, ProcessEvent, ProcessInput, ProcessOutput, ProcessSelector, Pty, PtySize,
+    SendInputRequest, StartRequest, UpdateRequest,
 };
-use axum::body::Body;
-use base64::Engine;
-use http_body_util::BodyExt;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
@@ -37,7 +34,7 @@ pub async fn exec(
         stdin: Some(false),
     };
     let process = Process::start(Rpc::new(client, id, user).await?, &start).await?;
-    process.relay().await
+    relay(process).await
 }
 
 /// An interactive login shell on a terminal in the sandbox.
@@ -71,8 +68,8 @@ pub async fn shell(client: &Client, id: &str, user: &str) -> Result<ExitCode, Cl
             }
         }
     });
-    let rpc = process.rpc.clone();
-    let pid = process.pid;
+    let rpc = process.rpc().clone();
+    let pid = process.pid();
     let forward = tokio::spawn(async move {
         let mut resized =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
@@ -104,175 +101,15 @@ pub async fn shell(client: &Client, id: &str, user: &str) -> Result<ExitCode, Cl
             }
         }
     });
-    let exit = process.relay().await;
+    let exit = relay(process).await;
     forward.abort();
     exit
 }
 
-/// How Connect calls reach one sandbox's agent, as one user.
-#[derive(Clone)]
-pub(crate) struct Rpc {
-    client: Client,
-    id: String,
-    user: String,
-    token: Option<String>,
-}
-
-impl Rpc {
-    /// Asks the server for the sandbox's access token, which every call then carries.
-    pub(crate) async fn new(client: &Client, id: &str, user: &str) -> Result<Rpc, CliError> {
-        Ok(Rpc {
-            token: client.access_token(id).await?,
-            client: client.clone(),
-            id: id.to_owned(),
-            user: user.to_owned(),
-        })
-    }
-
-    /// For a sandbox just created or connected, whose answer carried its access token.
-    pub(crate) fn connected(client: &Client, sandbox: &Sandbox, user: &str) -> Rpc {
-        Rpc {
-            token: sandbox.envd_access_token.clone(),
-            client: client.clone(),
-            id: sandbox.sandbox_id.clone(),
-            user: user.to_owned(),
-        }
-    }
-
-    /// `path` is the service's and method's, e.g. `/process.Process/Start`.
-    fn request(&self, path: &str, content_type: &str) -> http::request::Builder {
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:", self.user));
-        let mut req = self
-            .client
-            .request("POST", path)
-            .header(airlock_wire::SANDBOX_ID_HEADER, &self.id)
-            .header("content-type", content_type)
-            .header("connect-protocol-version", "1")
-            .header("authorization", format!("Basic {basic}"));
-        if let Some(token) = &self.token {
-            req = req.header(airlock_wire::ACCESS_TOKEN_HEADER, token);
-        }
-        req
-    }
-
-    /// A unary `process.Process` call.
-    async fn call(&self, method: &str, message: &impl serde::Serialize) -> Result<(), CliError> {
-        self.unary(&format!("/process.Process/{method}"), message)
-            .await
-            .map(drop)
-    }
-
-    /// A unary call (JSON in, JSON out) to `path`; returns the answer's body.
-    pub(crate) async fn unary(
-        &self,
-        path: &str,
-        message: &impl serde::Serialize,
-    ) -> Result<Vec<u8>, CliError> {
-        let body = serde_json::to_vec(message).map_err(|e| CliError::Failed(e.to_string()))?;
-        let req = self
-            .request(path, "application/json")
-            .body(Body::from(body))
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        let resp = self.client.send(req).await?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = crate::capped::error_text(resp.into_body()).await;
-            return Err(CliError::Failed(super::error_message(&body, status)));
-        }
-        let what = format!("the answer of {path}");
-        let body = crate::capped::read(resp.into_body(), crate::capped::MAX_JSON, &what).await;
-        body.map(|b| b.to_vec())
-            .map_err(|e| CliError::Failed(e.to_string()))
-    }
-}
-
-/// A started process: its pid and the stream of its events.
-pub(crate) struct Process {
-    rpc: Rpc,
-    pid: u32,
-    events: hyper::body::Incoming,
-    decoder: Decoder,
-}
-
-impl Process {
-    pub(crate) async fn start(rpc: Rpc, start: &StartRequest) -> Result<Process, CliError> {
-        let message = serde_json::to_value(start).map_err(|e| CliError::Failed(e.to_string()))?;
-        let req = rpc
-            .request("/process.Process/Start", connect::STREAM_CONTENT_TYPE)
-            .body(Body::from(connect::encode_message(&message)))
-            .map_err(|e| CliError::Failed(e.to_string()))?;
-        let resp = rpc.client.send(req).await?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = crate::capped::error_text(resp.into_body()).await;
-            return Err(CliError::Failed(format!(
-                "starting the command failed: {}",
-                super::error_message(&body, status)
-            )));
-        }
-        let mut process = Process {
-            rpc,
-            pid: 0,
-            events: resp.into_body(),
-            decoder: Decoder::default(),
-        };
-        match process.next_event().await? {
-            Some(ProcessEvent::Start(started)) => process.pid = started.pid,
-            other => {
-                return Err(CliError::Failed(format!(
-                    "the command did not start: {other:?}"
-                )))
-            }
-        }
-        Ok(process)
-    }
-
-    /// The next event of the stream; `None` at its end. An error the stream ends with is
-    /// returned as one.
-    pub(crate) async fn next_event(&mut self) -> Result<Option<ProcessEvent>, CliError> {
-        loop {
-            if let Some(env) = self
-                .decoder
-                .next_envelope()
-                .map_err(|e| CliError::Failed(e.to_string()))?
-            {
-                if env.is_end_stream() {
-                    let end: connect::EndOfStream =
-                        serde_json::from_slice(&env.payload).unwrap_or_default();
-                    return match end.error {
-                        Some(err) => {
-                            Err(CliError::Failed(format!("{:?}: {}", err.code, err.message)))
-                        }
-                        None => Ok(None),
-                    };
-                }
-                let msg: ProcessEventMessage = serde_json::from_slice(&env.payload)
-                    .map_err(|e| CliError::Failed(format!("unexpected message: {e}")))?;
-                return Ok(Some(msg.event));
-            }
-            match self.events.frame().await {
-                None => return Ok(None),
-                Some(frame) => {
-                    let frame =
-                        frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
-                    if let Some(chunk) = frame.data_ref() {
-                        self.decoder.push(chunk);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Kills the process (SIGKILL).
-    pub(crate) async fn kill(&self) -> Result<(), CliError> {
-        let kill = serde_json::json!({"process": {"pid": self.pid}, "signal": "SIGNAL_SIGKILL"});
-        self.rpc.call("SendSignal", &kill).await
-    }
-
-    /// Copies the process's output to ours until it ends; its exit code is ours.
-    async fn relay(mut self) -> Result<ExitCode, CliError> {
+/// Copies the process's output to ours until it ends; its exit code is ours.
+async fn relay(mut process: Process) -> Result<ExitCode, CliError> {
         let mut exit: Option<i32> = None;
-        while let Some(event) = self.next_event().await? {
+        while let Some(event) = process.next_event().await? {
             match event {
                 ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => {
                     let mut out = std::io::stdout().lock();
@@ -284,7 +121,7 @@ impl Process {
                 }
                 ProcessEvent::End(end) => {
                     if end.exit_code < 0 {
-                        eprintln!("airlock: command ended: {}", super::term::cell(&end.status));
+                        eprintln!("airlock: command ended: {}", crate::term::cell(&end.status));
                     }
                     exit = Some(end.exit_code);
                 }
@@ -297,7 +134,6 @@ impl Process {
                 "the command ended without an exit status".into(),
             )),
         }
-    }
 }
 
 /// This terminal's size (80x24 when standard output is not one).

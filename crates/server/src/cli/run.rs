@@ -1,17 +1,14 @@
 //! `airlock run`: code in a fresh sandbox's code interpreter, its results printed and its
 //! images saved.
 
-use super::{CliError, Client};
-use axum::body::Body;
+use super::CliError;
+use crate::client::interpreter::stream_execution;
+use crate::client::Client;
+use airlock_wire::api::NewSandbox;
 use base64::Engine;
-use http_body_util::BodyExt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-/// The most one event of an execution (a line of its answer) may take: a result's images
-/// are in it.
-const MAX_EVENT: usize = 16 << 20;
 
 /// What `airlock run` executes.
 pub struct RunOptions {
@@ -35,9 +32,13 @@ pub async fn run(client: Client, opts: RunOptions) -> Result<ExitCode, CliError>
         std::fs::read_to_string(&opts.source)
             .map_err(|e| CliError::Failed(format!("reading {}: {e}", opts.source)))?
     };
-    let body = serde_json::json!({"templateID": opts.template, "timeout": opts.timeout_secs + 60});
+    let body = NewSandbox {
+        template_id: opts.template.clone(),
+        timeout: Some(opts.timeout_secs + 60),
+        ..NewSandbox::default()
+    };
     let answer = client.call_json("POST", "/v2/sandboxes", &body).await?;
-    let created: airlock_wire::api::Sandbox = super::parse(&answer)?;
+    let created: airlock_wire::api::Sandbox = crate::client::parse(&answer)?;
     let id = created.sandbox_id.clone();
     let outcome = execute(&client, &created, &code, &opts).await;
     if let Err(e) = client.call("DELETE", &format!("/sandboxes/{id}")).await {
@@ -70,65 +71,6 @@ async fn execute(
     } else {
         ExitCode::SUCCESS
     })
-}
-
-/// Runs `code` in the sandbox's code interpreter (`POST /execute` on its port 49999, as the
-/// SDK's `run_code`) and hands each event of the answer to `on_event` as it arrives: `stdout`,
-/// `stderr`, `result`, `error`, ... (see the protocol notes). Dropping the future closes the
-/// connection, which interrupts the code.
-pub(crate) async fn stream_execution(
-    client: &Client,
-    sandbox: &airlock_wire::api::Sandbox,
-    code: &str,
-    language: &str,
-    mut on_event: impl FnMut(serde_json::Value) -> Result<(), CliError>,
-) -> Result<(), CliError> {
-    let body = serde_json::json!({"code": code, "context_id": null, "language": language, "env_vars": null});
-    let mut req = client
-        .request("POST", "/execute")
-        .header(airlock_wire::SANDBOX_ID_HEADER, &sandbox.sandbox_id)
-        .header(
-            airlock_wire::SANDBOX_PORT_HEADER,
-            airlock_wire::CODE_INTERPRETER_PORT.to_string(),
-        )
-        .header("content-type", "application/json");
-    if let Some(token) = &sandbox.envd_access_token {
-        req = req.header(airlock_wire::ACCESS_TOKEN_HEADER, token);
-    }
-    let req = req
-        .body(Body::from(body.to_string()))
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    let resp = client.send(req).await?;
-    let status = resp.status();
-    let mut body = resp.into_body();
-    if !status.is_success() {
-        let text = crate::capped::error_text(body).await;
-        return Err(CliError::Failed(format!(
-            "the code interpreter answered {status}: {}",
-            String::from_utf8_lossy(&text).trim()
-        )));
-    }
-    let mut pending = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| CliError::Failed(format!("the stream broke: {e}")))?;
-        let Some(chunk) = frame.data_ref() else {
-            continue;
-        };
-        pending.extend_from_slice(chunk);
-        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            let event = serde_json::from_slice(&line)
-                .map_err(|e| CliError::Failed(format!("unexpected output line: {e}")))?;
-            on_event(event)?;
-        }
-        if pending.len() > MAX_EVENT {
-            return Err(CliError::Failed(format!(
-                "the code interpreter sent an event larger than {} MiB, more than is read of one",
-                MAX_EVENT >> 20
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Prints one `/execute` event at a time; images go to files.

@@ -1,8 +1,13 @@
 //! `airlock sandbox …`: the sandbox verbs, each one call to the running server's API (the same
 //! calls the SDK makes), so they see what the key sees.
 
-use super::{parse, parse_pair, percent_encode, print_table, term, CliError, Client};
-use airlock_wire::api::{SandboxDetail, SandboxLogsV2, SnapshotInfo};
+use super::{parse_pair, print_table, CliError};
+use crate::client::{parse, percent_encode, Client, ClientError};
+use crate::term;
+use airlock_wire::api::{
+    NewSandbox, PauseBody, SandboxDetail, SandboxLogsV2, SnapshotInfo, SnapshotRequest,
+    TimeoutBody,
+};
 use clap::Subcommand;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -125,11 +130,12 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
             metadata,
             json,
         } => {
-            let body = serde_json::json!({
-                "templateID": template,
-                "timeout": timeout,
-                "metadata": metadata.into_iter().collect::<BTreeMap<_, _>>(),
-            });
+            let body = NewSandbox {
+                template_id: template,
+                timeout,
+                metadata: Some(metadata.into_iter().collect()),
+                ..NewSandbox::default()
+            };
             let answer = client.call_json("POST", "/v2/sandboxes", &body).await?;
             let created: airlock_wire::api::Sandbox = parse(&answer)?;
             print_json_or(json, &answer, || println!("{}", created.sandbox_id));
@@ -164,11 +170,11 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
             for id in &ids {
                 match client.call("DELETE", &format!("/sandboxes/{id}")).await {
                     Ok(_) => println!("killed {id}"),
-                    Err(CliError::Failed(msg)) => {
+                    Err(ClientError::Failed(msg)) => {
                         eprintln!("airlock: {}: {}", term::cell(id), term::escaped(&msg));
                         failed = true;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
             if failed {
@@ -181,7 +187,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 .call_json(
                     "POST",
                     &format!("/sandboxes/{id}/pause"),
-                    &serde_json::json!({}),
+                    &PauseBody::default(),
                 )
                 .await?;
             println!("paused {id} in {:.1} s", started.elapsed().as_secs_f64());
@@ -191,7 +197,10 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 .call_json(
                     "POST",
                     &format!("/sandboxes/{id}/resume"),
-                    &serde_json::json!({ "timeout": timeout }),
+                    &TimeoutBody {
+                        timeout,
+                        ..TimeoutBody::default()
+                    },
                 )
                 .await?;
             println!("resumed {id}");
@@ -201,7 +210,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
                 .call_json(
                     "POST",
                     &format!("/sandboxes/{id}/snapshots"),
-                    &serde_json::json!({ "name": name }),
+                    &SnapshotRequest { name },
                 )
                 .await?;
             let snapshot: SnapshotInfo = parse(&answer)?;
@@ -221,7 +230,7 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
         SandboxCommand::Shell { id, user } => {
             return super::process::shell(&client, &id, &user).await
         }
-        SandboxCommand::Cp { src, dst, user } => super::files::copy(&client, &src, &dst, &user)
+        SandboxCommand::Cp { src, dst, user } => crate::client::files::copy(&client, &src, &dst, &user)
             .await
             .map(|what| println!("{what}"))?,
     }
@@ -322,7 +331,7 @@ async fn logs(client: &Client, id: &str, follow: bool) -> Result<(), CliError> {
         };
         let answer = match client.call("GET", &path).await {
             // The sandbox ended while being followed.
-            Err(CliError::Failed(_)) if cursor.is_some() => return Ok(()),
+            Err(ClientError::Failed(_)) if cursor.is_some() => return Ok(()),
             other => other?,
         };
         let page: SandboxLogsV2 = parse(&answer)?;

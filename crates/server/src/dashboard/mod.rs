@@ -10,8 +10,9 @@
 //! a signed link, which the proxy serves sandboxed anyway), and not another site's, which could
 //! send the header only after a CORS preflight that this server never grants.
 
-use crate::api::{detail_body, Caller};
-use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::sandboxes::detail_body;
 use crate::AppState;
 use airlock_core::ids::TemplateName;
 use axum::extract::{Path, State};
@@ -41,7 +42,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         )
         .route_layer(axum::middleware::from_fn_with_state(
             state,
-            crate::api::require_api_key,
+            crate::http::auth::require_api_key,
         ))
         // What the key shows is for the page that asked, not for the browser's cache.
         .layer(axum::middleware::map_response(
@@ -292,7 +293,7 @@ async fn build_logs(
     Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
 ) -> Result<Json<Vec<LogLine>>, ApiError> {
-    let (_, record) = crate::templates_api::owned_build(&state, &caller, &id, &build)?;
+    let (_, record) = crate::http::templates::owned_build(&state, &caller, &id, &build)?;
     let lines = state.store.build_logs(&record.id, 0, LOG_LINES)?;
     Ok(Json(
         lines

@@ -4,10 +4,13 @@
 
 use super::local_files::FilesDir;
 use super::tools::{Download, ListFiles, ReadFile, RunCode, RunCommand, Upload, WriteFile};
-use crate::cli::process::{Process, Rpc};
-use crate::cli::{CliError, Client};
+use crate::client::interpreter::stream_execution;
+use crate::client::process::{Process, Rpc};
+use crate::client::{Client, ClientError};
 use airlock_wire::api::Sandbox;
-use airlock_wire::envd::{ProcessConfig, ProcessEvent, ProcessOutput, StartRequest};
+use airlock_wire::envd::{
+    ListDirRequest, ProcessConfig, ProcessEvent, ProcessOutput, StartRequest,
+};
 use base64::Engine;
 use http_body_util::BodyExt;
 use rmcp::model::{ContentBlock, ResourceContents};
@@ -68,9 +71,9 @@ pub async fn run_code(client: &Client, sandbox: &Sandbox, args: RunCode) -> Outc
     let secs = args.timeout.unwrap_or(DEFAULT_RUN_SECS);
     let language = args.language.unwrap_or_else(|| "python".into());
     let mut out = Execution::default();
-    let run = crate::cli::run::stream_execution(client, sandbox, &args.code, &language, |e| {
+    let run = stream_execution(client, sandbox, &args.code, &language, |e| {
         out.take(&e);
-        Ok(())
+        Ok::<(), ClientError>(())
     });
     match tokio::time::timeout(Duration::from_secs(secs), run).await {
         Err(_) => Err(format!(
@@ -217,7 +220,7 @@ pub async fn run_command(client: &Client, sandbox: &Sandbox, args: RunCommand) -
                 ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
             }
         }
-        Ok::<_, CliError>(exit)
+        Ok::<_, ClientError>(exit)
     })
     .await;
     let exit = match collected {
@@ -282,13 +285,16 @@ pub async fn write_file(client: &Client, sandbox: &Sandbox, args: WriteFile) -> 
 pub async fn list_files(client: &Client, sandbox: &Sandbox, args: ListFiles) -> Outcome {
     let path = args.path.unwrap_or_else(|| "/home/user".into());
     let rpc = Rpc::connected(client, sandbox, USER);
-    let request = serde_json::json!({"path": path, "depth": args.depth.unwrap_or(1)});
+    let request = ListDirRequest {
+        path: path.clone(),
+        depth: args.depth.unwrap_or(1),
+    };
     let answer = rpc
         .unary("/filesystem.Filesystem/ListDir", &request)
         .await
         .map_err(|e| format!("listing {path} failed: {}", e.describe()))?;
     let listing: airlock_wire::envd::ListDirResponse =
-        crate::cli::parse(&answer).map_err(|e| e.describe())?;
+        crate::client::parse(&answer).map_err(|e| e.describe())?;
     use airlock_wire::envd::FileType;
     let lines: Vec<String> = listing
         .entries
@@ -331,7 +337,7 @@ pub async fn upload(
         (None, Some(local)) => {
             let local = local_path(over_stdio(local_files)?.source(&local))?;
             let target = format!("{}:{}", sandbox.sandbox_id, args.path);
-            let done = crate::cli::files::copy(client, &local, &target, USER)
+            let done = crate::client::files::copy(client, &local, &target, USER)
                 .await
                 .map_err(|e| e.describe())?;
             Ok(vec![ContentBlock::text(done)])
@@ -349,7 +355,7 @@ pub async fn download(
     if let Some(local) = args.local_path {
         let local = local_path(over_stdio(local_files)?.target(&local))?;
         let source = format!("{}:{}", sandbox.sandbox_id, args.path);
-        let done = crate::cli::files::copy(client, &source, &local, USER)
+        let done = crate::client::files::copy(client, &source, &local, USER)
             .await
             .map_err(|e| e.describe())?;
         return Ok(vec![ContentBlock::text(done)]);
@@ -392,7 +398,7 @@ fn over_stdio(local_files: Option<&FilesDir>) -> Result<&FilesDir, String> {
     })
 }
 
-/// A local path as `cli::files::copy` takes it.
+/// A local path as `client::files::copy` takes it.
 fn local_path(
     checked: Result<std::path::PathBuf, super::local_files::LocalPathError>,
 ) -> Result<String, String> {
@@ -410,14 +416,14 @@ async fn fetch(
     cap: usize,
     instead: &str,
 ) -> Result<Vec<u8>, String> {
-    let failed = |e: CliError| format!("reading {path} failed: {}", e.describe());
+    let failed = |e: ClientError| format!("reading {path} failed: {}", e.describe());
     let token = sandbox.envd_access_token.as_deref();
     let req =
-        crate::cli::files::files_request(client, &sandbox.sandbox_id, token, "GET", path, USER)
+        crate::client::files::files_request(client, &sandbox.sandbox_id, token, "GET", path, USER)
             .body(axum::body::Body::empty())
             .map_err(|e| e.to_string())?;
     let resp = client.send(req).await.map_err(failed)?;
-    let mut body = crate::cli::files::checked(resp)
+    let mut body = crate::client::files::checked(resp)
         .await
         .map_err(failed)?
         .into_body();
@@ -438,15 +444,15 @@ async fn fetch(
 }
 
 async fn put(client: &Client, sandbox: &Sandbox, path: &str, bytes: Vec<u8>) -> Result<(), String> {
-    let failed = |e: CliError| format!("writing {path} failed: {}", e.describe());
+    let failed = |e: ClientError| format!("writing {path} failed: {}", e.describe());
     let token = sandbox.envd_access_token.as_deref();
     let req =
-        crate::cli::files::files_request(client, &sandbox.sandbox_id, token, "POST", path, USER)
+        crate::client::files::files_request(client, &sandbox.sandbox_id, token, "POST", path, USER)
             .header("content-type", "application/octet-stream")
             .body(axum::body::Body::from(bytes))
             .map_err(|e| e.to_string())?;
     let resp = client.send(req).await.map_err(failed)?;
-    crate::cli::files::checked(resp).await.map_err(failed)?;
+    crate::client::files::checked(resp).await.map_err(failed)?;
     Ok(())
 }
 

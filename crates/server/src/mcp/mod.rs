@@ -13,8 +13,8 @@ mod owners;
 mod session;
 mod tools;
 
-use crate::cli::{CliError, Client};
-use crate::error::ApiError;
+use crate::client::{Client, ClientError};
+use crate::http::error::ApiError;
 use crate::AppState;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -197,14 +197,14 @@ pub async fn stdio(
     template: String,
     timeout: Duration,
     files_dir: Option<std::path::PathBuf>,
-) -> Result<ExitCode, CliError> {
-    let files = FilesDir::new(files_dir).map_err(|e| CliError::Failed(e.to_string()))?;
+) -> Result<ExitCode, ClientError> {
+    let files = FilesDir::new(files_dir).map_err(|e| ClientError::Failed(e.to_string()))?;
     let sandboxes = Arc::new(SessionSandboxes::new(template, timeout));
     let handler = AirlockMcp {
         api: Api::Fixed(client, files),
         sandboxes: sandboxes.clone(),
     };
-    let failed = |e: String| CliError::Failed(format!("MCP over stdio: {e}"));
+    let failed = |e: String| ClientError::Failed(format!("MCP over stdio: {e}"));
     let running = handler
         .serve(rmcp::transport::stdio())
         .await
@@ -296,7 +296,7 @@ async fn authenticate(State(gate): State<Arc<Gate>>, mut req: Request, next: Nex
         )
         .into_response();
     }
-    let caller = match crate::api::caller_of_key(&gate.state, &key) {
+    let caller = match crate::http::auth::caller_of_key(&gate.state, &key) {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
     };

@@ -6,8 +6,8 @@
 //! The 2026-07-28 protocol over HTTP has no sessions: each request stands alone. There, calls
 //! without a sandbox id share one sandbox per API key, found again by its metadata.
 
-use crate::cli::{CliError, Client};
-use airlock_wire::api::{Sandbox, SandboxDetail};
+use crate::client::{Client, ClientError};
+use airlock_wire::api::{NewSandbox, Sandbox, SandboxDetail, TimeoutBody};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -153,16 +153,20 @@ impl SessionSandboxes {
         timeout: Option<u64>,
         scope: Scope,
     ) -> Result<Sandbox, String> {
-        let body = serde_json::json!({
-            "templateID": template.unwrap_or_else(|| self.template.clone()),
-            "timeout": timeout.unwrap_or(self.timeout.as_secs()),
-            "metadata": BTreeMap::from([(MCP_METADATA_KEY, scope.tag())]),
-        });
+        let body = NewSandbox {
+            template_id: template.unwrap_or_else(|| self.template.clone()),
+            timeout: Some(timeout.unwrap_or(self.timeout.as_secs())),
+            metadata: Some(BTreeMap::from([(
+                MCP_METADATA_KEY.to_owned(),
+                scope.tag().to_owned(),
+            )])),
+            ..NewSandbox::default()
+        };
         let answer = client
             .call_json("POST", "/v2/sandboxes", &body)
             .await
             .map_err(|e| format!("starting a sandbox failed: {}", e.describe()))?;
-        let sandbox: Sandbox = crate::cli::parse(&answer).map_err(|e| e.describe())?;
+        let sandbox: Sandbox = crate::client::parse(&answer).map_err(|e| e.describe())?;
         state.current = Some(sandbox.sandbox_id.clone());
         if scope == Scope::Session {
             state
@@ -198,26 +202,29 @@ async fn connect(
     client: &Client,
     id: &str,
     timeout: Option<Duration>,
-) -> Result<Sandbox, CliError> {
-    let body = serde_json::json!({"timeout": timeout.map(|t| t.as_secs())});
+) -> Result<Sandbox, ClientError> {
+    let body = TimeoutBody {
+        timeout: timeout.map(|t| t.as_secs()),
+        ..TimeoutBody::default()
+    };
     let answer = client
         .call_json("POST", &format!("/sandboxes/{id}/connect"), &body)
         .await?;
-    crate::cli::parse(&answer)
+    crate::client::parse(&answer)
 }
 
 /// The key's shared MCP sandbox, if it has one running or paused (the newest).
 async fn shared_sandbox(client: &Client) -> Result<Option<String>, String> {
-    let query = crate::cli::percent_encode(&format!("{MCP_METADATA_KEY}={SHARED}"));
+    let query = crate::client::percent_encode(&format!("{MCP_METADATA_KEY}={SHARED}"));
     let answer = client
         .call("GET", &format!("/v2/sandboxes?metadata={query}&limit=1"))
         .await
         .map_err(|e| format!("listing sandboxes failed: {}", e.describe()))?;
-    let found: Vec<SandboxDetail> = crate::cli::parse(&answer).map_err(|e| e.describe())?;
+    let found: Vec<SandboxDetail> = crate::client::parse(&answer).map_err(|e| e.describe())?;
     Ok(found.into_iter().next().map(|s| s.sandbox_id))
 }
 
 /// What a model reads when a sandbox cannot be reached.
-fn gone(id: &str, e: CliError) -> String {
+fn gone(id: &str, e: ClientError) -> String {
     format!("sandbox {id} cannot be used: {}", e.describe())
 }

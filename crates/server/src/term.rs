@@ -1,10 +1,10 @@
-//! Text the CLI prints that others control: names and metadata, a sandbox's log, a build's
-//! log, errors that quote a sandbox or a registry, another tenant's template names. Control
-//! characters in it, which a terminal would act on (moving the cursor, clearing the screen,
-//! retitling the window, rewriting what was printed before), are printed escaped instead
-//! (`\x1b`, `\u{9b}`), whether or not the output is a terminal: it may be one later (`less`,
-//! `cat` of a saved log). A command's own output (`sandbox exec`, `shell`, `run`) is the
-//! user's to print raw, as a terminal of the sandbox's own would.
+//! Text the CLI prints (and the MCP tools return) that others control: names and metadata, a
+//! sandbox's log, a build's log, errors that quote a sandbox or a registry, another tenant's
+//! template names. Control characters in it, which a terminal would act on (moving the cursor,
+//! clearing the screen, retitling the window, rewriting what was printed before), are printed
+//! escaped instead (`\x1b`, `\u{9b}`), whether or not the output is a terminal: it may be one
+//! later (`less`, `cat` of a saved log). A command's own output (`sandbox exec`, `shell`,
+//! `run`) is the user's to print raw, as a terminal of the sandbox's own would.
 
 use std::borrow::Cow;
 

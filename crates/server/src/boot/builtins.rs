@@ -8,9 +8,9 @@
 //! root made with debootstrap from the host's apt mirror (no registry need be reachable), and
 //! `FROM` naming another built-in builds on it.
 
+use crate::dockerfile::context::wire_steps;
+use crate::dockerfile::steps::step;
 use crate::dockerfile::{self, Plan};
-use crate::dockerfile_build::wire_steps;
-use crate::templates_api::step;
 use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Builder};
 use airlock_core::driver::Resources;
 use airlock_core::ids::TemplateName;
@@ -29,7 +29,7 @@ macro_rules! context_file {
     ($template:literal, $path:literal) => {
         (
             $path,
-            include_str!(concat!("../../../templates/", $template, "/", $path)),
+            include_str!(concat!("../../../../templates/", $template, "/", $path)),
         )
     };
 }

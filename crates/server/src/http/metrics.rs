@@ -2,28 +2,21 @@
 //! (`sandbox.get_metrics(start, end)`, `GET /sandboxes/{id}/metrics`) and the latest sample of
 //! several (`GET /sandboxes/metrics?sandbox_ids=…`). A key sees its own sandboxes' only.
 
-use crate::api::{Caller, Owned};
-use crate::error::ApiError;
+use crate::http::auth::{Caller, Owned};
+use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::lifecycle::metrics::Sample;
 use airlock_wire::api::{SandboxMetric, SandboxesWithMetrics};
 use axum::extract::{Extension, Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use std::collections::{BTreeMap, HashMap};
 
 /// Most sandboxes one `GET /sandboxes/metrics` may name.
 const MAX_IDS: usize = 100;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/sandboxes/metrics", get(latest))
-        .route("/sandboxes/{id}/metrics", get(range))
-}
-
 /// The samples from `start` to `end` (Unix seconds, both inclusive; the sandbox's whole life
 /// without them), oldest first.
-async fn range(
+pub(crate) async fn range(
     State(state): State<AppState>,
     Owned { record, .. }: Owned,
     Query(query): Query<HashMap<String, String>>,
@@ -49,7 +42,7 @@ async fn range(
 
 /// The latest sample of each of the caller's sandboxes among `sandbox_ids`; others (unknown,
 /// another key's, none sampled yet) are left out.
-async fn latest(
+pub(crate) async fn latest(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,

@@ -1,4 +1,4 @@
-//! A Dockerfile, turned into the steps of a template build (`airlock template build -f`).
+//! A Dockerfile, read into the plan of a template build (its base, steps and start command).
 //! Parsed with the `parse-dockerfile` crate; this module decides what each instruction means
 //! here. It follows Docker's rules where they apply, and E2B's SDK (`from_dockerfile`) where
 //! Docker has none: `ARG`s become environment variables, and the template's sandboxes run as

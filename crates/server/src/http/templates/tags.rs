@@ -3,25 +3,18 @@
 //! they are kept). Only a template's owner sees or moves its tags; another key gets the same
 //! 404 as for a name that does not exist.
 
-use crate::api::Caller;
-use crate::error::{ApiError, JsonBody};
-use crate::templates_api::owned;
+use crate::http::auth::Caller;
+use crate::http::error::{ApiError, JsonBody};
+use crate::http::templates::owned;
 use crate::AppState;
 use airlock_core::store::{split_reference, valid_tag, DEFAULT_TAG};
 use airlock_wire::templates::{AssignedTags, TagAssignment, TagRemoval, TemplateTagInfo};
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 
 /// Most tags one request may name.
 const MAX_TAGS: usize = 100;
-
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/templates/tags", post(assign).delete(remove))
-        .route("/templates/{id}/tags", get(list))
-}
 
 /// The tags a request names, checked, each once, in the order given; at least one.
 pub(crate) fn checked_tags<'a>(
@@ -52,7 +45,7 @@ pub(crate) fn checked_tags<'a>(
 
 /// `POST /templates/tags`: points tags at the build `target` names (its `default` without a
 /// tag), moving them from the builds they named.
-async fn assign(
+pub(crate) async fn assign(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<TagAssignment>,
@@ -82,7 +75,7 @@ async fn assign(
 
 /// `DELETE /templates/tags`: takes tags off a template, all or none. Its builds stay, and
 /// start by their ids.
-async fn remove(
+pub(crate) async fn remove(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<TagRemoval>,
@@ -107,7 +100,7 @@ async fn remove(
 }
 
 /// `GET /templates/{id}/tags`: the template's tags and the builds they name.
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,

@@ -1,104 +1,28 @@
-//! `airlock template build -f Dockerfile -n NAME [CONTEXT]`: builds a Dockerfile on the running
-//! server through the same API the SDK's template builder uses (`POST /v3/templates`, the COPY
-//! uploads, `POST /v2/templates/{id}/builds/{build}`, then the build's status and logs).
+//! A build context, packed for a Dockerfile's COPYs: each COPY's files as a tar archive named
+//! by its hash (the SDK's `filesHash`), with the plan's steps as the SDK sends them. Nothing
+//! is followed out of the context, and `.dockerignore` is heeded.
 
-use crate::cli::{term, CliError, Client};
-use crate::dockerfile::{self, PlanStep};
+use super::{Plan, PlanStep};
 use airlock_core::build::copy::{check_source, source_base};
-use airlock_core::template::KNOWN_TEMPLATES;
-use airlock_wire::templates::{
-    BuildStatusBody, TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart,
-    TemplateFileUpload, TemplateStep,
-};
-use axum::body::Body;
+use airlock_wire::templates::TemplateStep;
 use sha2::{Digest, Sha256};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
-pub struct DockerfileBuild {
-    pub dockerfile: PathBuf,
-    pub name: String,
-    /// Where COPY's sources are; the Dockerfile's directory by default.
-    pub context: Option<PathBuf>,
-    pub cpu_count: Option<u32>,
-    pub memory_mb: Option<u32>,
-    /// A command that must succeed before the start command counts as ready.
-    pub ready_cmd: Option<String>,
-    /// Run every step again, cached or not.
-    pub no_cache: bool,
-    /// `--build-arg NAME=VALUE`: values for the Dockerfile's `ARG`s.
-    pub build_args: std::collections::BTreeMap<String, String>,
-}
-
-pub async fn run(client: Client, opts: DockerfileBuild) -> Result<ExitCode, CliError> {
-    let started = Instant::now();
-    let text = std::fs::read_to_string(&opts.dockerfile)
-        .map_err(|e| CliError::Failed(format!("reading {}: {e}", opts.dockerfile.display())))?;
-    let plan = dockerfile::plan(&text, &opts.build_args)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", opts.dockerfile.display())))?;
-    for note in &plan.ignored {
-        eprintln!("{}: ignored {note}", opts.dockerfile.display());
-    }
-    let context = match &opts.context {
-        Some(dir) => dir.clone(),
-        None => opts
-            .dockerfile
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_owned(),
-    };
-
-    // Every COPY's files are packed (so a missing source fails) before anything is made.
-    let (steps, packed) = wire_steps(&plan, &context, opts.no_cache, tar::HeaderMode::Complete)?;
-
-    let request = TemplateBuildRequest {
-        name: Some(opts.name.clone()),
-        cpu_count: opts.cpu_count,
-        memory_mb: opts.memory_mb,
-        ..TemplateBuildRequest::default()
-    };
-    let created: TemplateBuildCreated =
-        parse(&client.call_json("POST", "/v3/templates", &request).await?)?;
-    let (template, build) = (&created.template_id, &created.build_id);
-    for files in &packed {
-        upload(&client, template, files).await?;
-    }
-    // `FROM base` builds on the built-in, as `from_template("base")` does.
-    let built_in = KNOWN_TEMPLATES.contains(&plan.from_image.as_str());
-    let (from_template, from_image) = match built_in {
-        true => (Some(plan.from_image), None),
-        false => (None, Some(plan.from_image)),
-    };
-    let definition = TemplateBuildStart {
-        from_template,
-        from_image,
-        steps,
-        force: opts.no_cache,
-        start_cmd: plan.start_cmd,
-        ready_cmd: opts.ready_cmd,
-        ..TemplateBuildStart::default()
-    };
-    let path = format!("/v2/templates/{template}/builds/{build}");
-    client.call_json("POST", &path, &definition).await?;
-    println!(
-        "building {} (template {template}, build {build})",
-        opts.name
-    );
-    follow(&client, template, build, started).await
-}
+/// Why the context could not be packed (a COPY's source, or `.dockerignore`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ContextError(String);
 
 /// The plan's steps as the SDK sends them, with every COPY's files packed from `context`
 /// (`headers`: whether the archive keeps the files' times and owners, or is the same bytes for
 /// the same contents).
-pub(crate) fn wire_steps(
-    plan: &dockerfile::Plan,
+pub fn wire_steps(
+    plan: &Plan,
     context: &Path,
     force: bool,
     headers: tar::HeaderMode,
-) -> Result<(Vec<TemplateStep>, Vec<Packed>), CliError> {
+) -> Result<(Vec<TemplateStep>, Vec<Packed>), ContextError> {
     let mut packed = Vec::new();
     let mut steps = Vec::new();
     for step in &plan.steps {
@@ -134,67 +58,8 @@ pub(crate) fn wire_steps(
     Ok((steps, packed))
 }
 
-/// Prints the build's log as it grows, each line with the seconds since the command began,
-/// until the build is ready (exit 0) or failed (exit 1, with the server's reason). On a
-/// terminal, a spinner below the log shows the step under way and how long it has taken.
-async fn follow(
-    client: &Client,
-    template: &str,
-    build: &str,
-    started: Instant,
-) -> Result<ExitCode, CliError> {
-    let spinner = indicatif::ProgressBar::new_spinner();
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
-        spinner.set_style(style);
-    }
-    spinner.enable_steady_tick(Duration::from_millis(120));
-    let mut offset = 0;
-    let mut current_step = None;
-    let outcome = loop {
-        let path = format!("/templates/{template}/builds/{build}/status?logsOffset={offset}");
-        let status: BuildStatusBody = match client.call("GET", &path).await.and_then(|b| parse(&b))
-        {
-            Ok(status) => status,
-            Err(e) => break Err(e),
-        };
-        offset += status.log_entries.len();
-        for entry in &status.log_entries {
-            let step = entry.step.as_deref().unwrap_or("");
-            let line = format!(
-                "{:>7.1}s {step:>8} | {}",
-                started.elapsed().as_secs_f64(),
-                entry.message
-            );
-            spinner.suspend(|| println!("{}", term::cell(&line)));
-            if current_step.as_deref() != Some(step) {
-                current_step = Some(step.to_owned());
-                let what: String = entry
-                    .message
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .chars()
-                    .take(70)
-                    .collect();
-                spinner.reset_elapsed();
-                spinner.set_message(term::cell(&format!("step {step}: {what}")).into_owned());
-            }
-        }
-        match status.status.as_str() {
-            "ready" => break Ok(ExitCode::SUCCESS),
-            "error" => {
-                let reason = status.reason.map(|r| r.message).unwrap_or_default();
-                break Err(CliError::Failed(format!("the build failed: {reason}")));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(300)).await,
-        }
-    };
-    spinner.finish_and_clear();
-    outcome
-}
-
 /// What one COPY takes from the context, packed as a tar, and the hash that names it.
-pub(crate) struct Packed {
+pub struct Packed {
     pub src: String,
     pub hash: String,
     pub archive: std::fs::File,
@@ -209,11 +74,11 @@ impl Packed {
     }
 }
 
-fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<Packed, CliError> {
-    let failed = |e: std::io::Error| CliError::Failed(format!("COPY {src}: {e}"));
+fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<Packed, ContextError> {
+    let failed = |e: std::io::Error| ContextError(format!("COPY {src}: {e}"));
     let base = copy_base(src)?;
     through_no_link(context, &base).map_err(|link| {
-        CliError::Failed(format!(
+        ContextError(format!(
             "COPY {src}: {} is a symbolic link, which a COPY source may not pass through \
              (links are packed as links, never followed out of the context)",
             link.display()
@@ -221,7 +86,7 @@ fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<
     })?;
     let on_disk = context.join(&base);
     if std::fs::symlink_metadata(&on_disk).is_err() {
-        return Err(CliError::Failed(format!(
+        return Err(ContextError(format!(
             "COPY {src}: {} is not in the build context {}",
             base.display(),
             context.display()
@@ -318,14 +183,14 @@ struct DockerIgnore {
 }
 
 impl DockerIgnore {
-    fn read(context: &Path) -> Result<Self, CliError> {
+    fn read(context: &Path) -> Result<Self, ContextError> {
         let file = context.join(".dockerignore");
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(e) => return Err(CliError::Failed(format!("reading {}: {e}", file.display()))),
+            Err(e) => return Err(ContextError(format!("reading {}: {e}", file.display()))),
         };
-        Self::parse(&text).map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))
+        Self::parse(&text).map_err(|e| ContextError(format!("{}: {e}", file.display())))
     }
 
     fn parse(text: &str) -> Result<Self, String> {
@@ -369,39 +234,10 @@ impl DockerIgnore {
     }
 }
 
-/// Uploads packed files unless the server has them already (from an earlier build).
-async fn upload(client: &Client, template: &str, files: &Packed) -> Result<(), CliError> {
-    let src = &files.src;
-    let path = format!("/templates/{template}/files/{}", files.hash);
-    let link: TemplateFileUpload = parse(&client.call("GET", &path).await?)?;
-    if link.present {
-        println!("COPY {src}: the server has these files already");
-        return Ok(());
-    }
-    let url = link
-        .url
-        .ok_or_else(|| CliError::Failed(format!("COPY {src}: the server gave no upload link")))?;
-    let archive = files
-        .reader()
-        .map_err(|e| CliError::Failed(format!("COPY {src}: {e}")))?;
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(archive));
-    let req = hyper::Request::put(&url)
-        .body(Body::from_stream(stream))
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    let resp = client.send(req).await?;
-    if !resp.status().is_success() {
-        return Err(CliError::Failed(format!(
-            "COPY {src}: the upload was refused ({})",
-            resp.status()
-        )));
-    }
-    Ok(())
-}
-
 /// What a COPY packs: its source up to any glob (the build sandbox matches the glob itself).
 /// Never outside the context.
-fn copy_base(src: &str) -> Result<PathBuf, CliError> {
-    check_source(src).map_err(CliError::Failed)?;
+fn copy_base(src: &str) -> Result<PathBuf, ContextError> {
+    check_source(src).map_err(ContextError)?;
     Ok(PathBuf::from(source_base(src)))
 }
 
@@ -421,11 +257,6 @@ impl Write for Hashing<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
     }
-}
-
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
-    serde_json::from_slice(body)
-        .map_err(|e| CliError::Failed(format!("the server's answer was not understood: {e}")))
 }
 
 #[cfg(test)]
@@ -486,7 +317,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/shadow", ctx.join("shadow")).unwrap();
         let pack = |src: &str| pack(&ctx, src, "/dst/", tar::HeaderMode::Deterministic);
 
-        let Err(CliError::Failed(err)) = pack("app/out/secret.txt") else {
+        let Err(ContextError(err)) = pack("app/out/secret.txt") else {
             panic!("a path through a link to outside the context was packed");
         };
         assert!(err.contains("app/out is a symbolic link"), "{err}");

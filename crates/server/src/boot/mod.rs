@@ -1,18 +1,28 @@
 //! `airlock serve`: recover state, then answer the REST API and route sandbox traffic on one port.
+//! The one module that puts all the others together (and `airlock install`, which sets a host
+//! up to run it); nothing else imports it.
+
+mod binaries;
+mod builtins;
+pub mod install;
+mod keys;
+mod listen;
 
 use crate::agent_client::HttpAgentClient;
 use crate::data_dir::DataDir;
-use crate::{api, listen, proxy, AppState, AppStateInner};
+use crate::{http, proxy, AppState, AppStateInner};
 use airlock_core::build::{BuildLimits, BuildOptions, Builder};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits, OnExit};
-use airlock_core::store::{KeyLimits, Store};
+use airlock_core::store::Store;
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
-use axum::routing::{get, put};
+use axum::routing::get;
 use axum::Router;
+use binaries::{find_binary, is_static_executable};
+use keys::{ensure_api_key, print_key};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -51,131 +61,6 @@ pub struct ServeOptions {
     pub on_exit: OnExit,
 }
 
-/// `name` (`airlock-agent`, `airlock-netd`) is shipped next to the `airlock` binary.
-pub(crate) fn find_binary(name: &str, explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let path = match explicit {
-        Some(p) => p,
-        None => std::env::current_exe()
-            .context("locating the airlock binary")?
-            .with_file_name(name),
-    };
-    if !path.is_file() {
-        bail!(
-            "{} does not exist; build it with scripts/prepare.sh (it belongs next to the \
-             airlock binary)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-/// Whether an x86_64 ELF executable needs no program interpreter (dynamic loader), so that
-/// it runs in any root filesystem: its program headers have no `PT_INTERP` entry. Reads the
-/// headers only, not the whole binary.
-fn is_static_executable(path: &Path) -> anyhow::Result<bool> {
-    use std::os::unix::fs::FileExt;
-    const PT_INTERP: u32 = 3;
-    let file = std::fs::File::open(path)?;
-    let read = |at: usize, len: usize| -> anyhow::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        file.read_exact_at(&mut buf, at as u64)
-            .context("the ELF headers are cut short")?;
-        Ok(buf)
-    };
-    let header = read(0, 64)?;
-    // 64-bit, little-endian: the only target Airlock builds for.
-    if header[..6] != *b"\x7fELF\x02\x01" {
-        bail!("not a 64-bit little-endian ELF executable");
-    }
-    let le = |bytes: &[u8]| {
-        let mut word = [0u8; 8];
-        word[..bytes.len()].copy_from_slice(bytes);
-        u64::from_le_bytes(word) as usize
-    };
-    let (table, entry_size, entries) = (
-        le(&header[32..40]),
-        le(&header[54..56]),
-        le(&header[56..58]),
-    );
-    if entry_size != 56 {
-        bail!("malformed ELF program headers (entries of {entry_size} bytes, not 56)");
-    }
-    let headers = read(table, entry_size * entries)?;
-    Ok(!headers
-        .chunks(entry_size)
-        .any(|entry| le(&entry[..4]) == PT_INTERP as usize))
-}
-
-/// Makes sure at least one API key exists. Returns a key to print if one was made or given.
-pub(crate) fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
-    if let Ok(key) = std::env::var("AIRLOCK_API_KEY") {
-        if key.trim().is_empty() {
-            bail!("AIRLOCK_API_KEY is set but empty");
-        }
-        store.add_api_key_hash(
-            &api::hash_key(key.trim()),
-            "from AIRLOCK_API_KEY",
-            airlock_core::lifecycle::now_unix(),
-            KeyLimits::default(),
-        )?;
-        return Ok(KeySource::Environment);
-    }
-    if store.api_key_count()? > 0 {
-        return Ok(KeySource::Existing);
-    }
-    let key = new_api_key();
-    store.add_api_key_hash(
-        &api::hash_key(&key),
-        "generated at first start",
-        airlock_core::lifecycle::now_unix(),
-        KeyLimits::default(),
-    )?;
-    write_private(&data.api_key_file(), key.as_bytes())?;
-    Ok(KeySource::Generated(key))
-}
-
-/// A new API key in E2B's format (`e2b_` and 40 hex digits), which the SDK checks.
-pub fn new_api_key() -> String {
-    format!("e2b_{}", hex::encode(rand::random::<[u8; 20]>()))
-}
-
-pub(crate) enum KeySource {
-    Environment,
-    Existing,
-    Generated(String),
-}
-
-/// Says which API key clients use, printing it if it was just made.
-pub(crate) fn print_key(key: &KeySource, data: &DataDir) {
-    match key {
-        KeySource::Generated(key) => {
-            println!(
-                "Generated API key (also saved to {}):",
-                data.api_key_file().display()
-            );
-            println!("  {key}");
-        }
-        KeySource::Environment => println!("API key: from AIRLOCK_API_KEY"),
-        KeySource::Existing => println!(
-            "API key: as before (the generated one is in {})",
-            data.api_key_file().display()
-        ),
-    }
-}
-
-fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(contents)?;
-    Ok(())
-}
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -213,7 +98,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         )
         .context("setting up the gVisor driver")?,
     );
-    let http = proxy::http_client();
+    let http = crate::client::http_client();
     let agent = Arc::new(HttpAgentClient { http: http.clone() });
     let volumes = Arc::new(
         airlock_core::volumes::Volumes::new(
@@ -263,7 +148,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         );
     }
     println!("Building the built-in templates (the first time takes minutes; cached after that)");
-    let built = crate::builtins::ensure(&builder, &store, lifecycle.limits().default_resources);
+    let built = builtins::ensure(&builder, &store, lifecycle.limits().default_resources);
     let built = built.await;
     if built.is_ok() {
         collect_garbage(&builder, &data).await;
@@ -281,7 +166,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
     tokio::spawn(lifecycle.clone().run_freezer(stop.clone()));
-    let verbs = Arc::new(crate::operator_metrics::Verbs::default());
+    let verbs = Arc::new(http::verbs::Verbs::default());
     let state: AppState = Arc::new(AppStateInner {
         verbs: verbs.clone(),
         data_dir: data.root().to_owned(),
@@ -293,24 +178,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         signers: proxy::Signers::default(),
         domain: opts.domain,
     });
-    let app = Router::new()
-        .route("/health", get(|| async { (StatusCode::OK, "ok") }))
-        .merge(api::routes(state.clone()))
-        .merge(crate::dashboard::routes(state.clone()))
-        .merge(crate::mcp::routes(state.clone(), loopback_url(opts.listen)))
-        // Outside the API key: the link is its own authority (see `templates_api::upload`).
-        .route("/uploads/{token}", put(crate::templates_api::upload))
-        // Outside the API key too: each volume's token is checked instead.
-        .merge(crate::volumes_api::content_routes())
-        .fallback(|| async { crate::error::ApiError::not_found("no such route") })
-        .layer(axum::extract::DefaultBodyLimit::max(
-            crate::error::MAX_API_BODY,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            proxy::route_sandbox_traffic,
-        ))
-        .with_state(state);
+    let app = router(state, opts.listen);
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
@@ -360,6 +228,25 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     listen::serve(listener, app, wait_for_signal(), drain).await;
     let _ = reaper.await;
     Ok(())
+}
+
+/// Everything the one port answers: health, the REST API, the dashboard and MCP, with sandbox
+/// traffic taken aside in front of them all.
+fn router(state: AppState, listen: SocketAddr) -> Router {
+    Router::new()
+        .route("/health", get(|| async { (StatusCode::OK, "ok") }))
+        .merge(http::routes(state.clone()))
+        .merge(crate::dashboard::routes(state.clone()))
+        .merge(crate::mcp::routes(state.clone(), loopback_url(listen)))
+        .fallback(|| async { http::error::ApiError::not_found("no such route") })
+        .layer(axum::extract::DefaultBodyLimit::max(
+            http::error::MAX_API_BODY,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            proxy::route_sandbox_traffic,
+        ))
+        .with_state(state)
 }
 
 /// Stops serving sandboxes as `on_exit` says. Template and volume mounts stay while sandboxes
@@ -441,32 +328,3 @@ fn loopback_url(listen: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A minimal ELF64 header with one program header of type `kind`.
-    fn elf_with_segment(kind: u32) -> tempfile::NamedTempFile {
-        let mut bytes = vec![0u8; 64 + 56];
-        bytes[..6].copy_from_slice(b"\x7fELF\x02\x01");
-        bytes[32..40].copy_from_slice(&64u64.to_le_bytes());
-        bytes[54..56].copy_from_slice(&56u16.to_le_bytes());
-        bytes[56..58].copy_from_slice(&1u16.to_le_bytes());
-        bytes[64..68].copy_from_slice(&kind.to_le_bytes());
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), bytes).unwrap();
-        file
-    }
-
-    #[test]
-    fn a_static_agent_is_told_from_a_dynamic_one() {
-        const PT_LOAD: u32 = 1;
-        assert!(is_static_executable(elf_with_segment(PT_LOAD).path()).unwrap());
-        assert!(!is_static_executable(elf_with_segment(3).path()).unwrap());
-        // Debian's shell is dynamically linked.
-        assert!(!is_static_executable(Path::new("/bin/sh")).unwrap());
-        let not_elf = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(not_elf.path(), b"#!/bin/sh\n").unwrap();
-        assert!(is_static_executable(not_elf.path()).is_err());
-    }
-}

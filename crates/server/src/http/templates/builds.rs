@@ -1,18 +1,14 @@
-//! Users' templates, as E2B's template builder calls them (protocol doc §2.6): request a build
-//! (of `name`, or `name:tag`), start it with its steps, follow its status and logs, look a name
-//! up, delete.
-//!
-//! A template belongs to the key that built it; another key gets the same 404 as for a name
-//! that does not exist. Names are unique per key, and never a built-in's or the key's
-//! snapshot's.
+//! A user template's builds, as E2B's template builder runs them (protocol doc §2.6): request a
+//! build (of `name`, or `name:tag`), start it with its steps, follow its status and logs,
+//! cancel it.
 
-use crate::api::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::http::auth::Caller;
+use crate::http::error::{ApiError, JsonBody};
+use crate::http::templates::{find_owned, owned, owned_build};
 use crate::AppState;
-use airlock_core::build::copy::CopyStep;
+use crate::dockerfile::steps::step;
 use airlock_core::build::image::ImageSource;
-use airlock_core::build::uploads::{valid_hash, UploadError, MAX_UPLOAD_BYTES};
-use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, Step, StepKind, BUILDS_KEPT};
+use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, BUILDS_KEPT};
 use airlock_core::driver::Resources;
 use airlock_core::ids::{SandboxId, TemplateName};
 use airlock_core::store::{
@@ -20,16 +16,13 @@ use airlock_core::store::{
 };
 use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
-    BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateAlias,
-    TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart, TemplateFileUpload,
-    TemplateStep,
+    BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateBuildCreated,
+    TemplateBuildRequest, TemplateBuildStart,
 };
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::{Json, Router};
-use futures::StreamExt;
+use axum::Json;
 
 /// Most log entries one status call returns.
 const MAX_LOG_PAGE: u64 = 1000;
@@ -38,41 +31,7 @@ const MAX_STEPS: usize = 1000;
 /// E2B's base image, which the SDK names when no `from_*` was called: here, the `base` template.
 const E2B_BASE_IMAGE: &str = "e2bdev/base";
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v3/templates", post(request_build))
-        .route("/v2/templates/{id}/builds/{build}", post(start_build))
-        .route("/templates/{id}/builds/{build}", delete(cancel_build))
-        .route("/templates/{id}/builds/{build}/status", get(build_status))
-        .route("/templates/{id}/files/{hash}", get(file_upload_link))
-        .route("/templates/aliases/{alias}", get(alias))
-        .route(
-            "/templates/aliases/{namespace}/{alias}",
-            get(namespaced_alias),
-        )
-        .merge(crate::template_info::routes())
-        .merge(crate::template_tags::routes())
-}
-
-/// The caller's template `id` (its id or alias), if it has one.
-fn find_owned(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-) -> Result<Option<UserTemplate>, ApiError> {
-    Ok(state
-        .store
-        .user_template_named(Some(&caller.0), id)?
-        .filter(|t| t.owner == caller.0))
-}
-
-/// The caller's template `id` (its id or alias), or 404.
-pub(crate) fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<UserTemplate, ApiError> {
-    find_owned(state, caller, id)?
-        .ok_or_else(|| ApiError::not_found(format!("template '{id}' not found")))
-}
-
-async fn request_build(
+pub(crate) async fn request_build(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<TemplateBuildRequest>,
@@ -95,7 +54,7 @@ async fn request_build(
     let tags = if asked.is_empty() {
         vec![DEFAULT_TAG.to_owned()]
     } else {
-        crate::template_tags::checked_tags(asked)?
+        crate::http::templates::tags::checked_tags(asked)?
     };
     let alias = TemplateName::parse(name).map_err(|_| {
         ApiError::bad_request(format!(
@@ -202,30 +161,14 @@ async fn request_build(
         template_id: template.id.to_string(),
         build_id: build.id,
         public: template.public,
-        names: crate::template_info::names(&template),
+        names: crate::http::templates::info::names(&template),
         tags,
         aliases: vec![alias.to_string()],
     };
     Ok((StatusCode::ACCEPTED, Json(created)).into_response())
 }
 
-/// The build `build` of the caller's template `id`, or 404.
-pub(crate) fn owned_build(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    build: &str,
-) -> Result<(UserTemplate, BuildRecord), ApiError> {
-    let template = owned(state, caller, id)?;
-    match state.store.build(build)? {
-        Some(b) if b.template_id == template.id => Ok((template, b)),
-        _ => Err(ApiError::not_found(format!(
-            "build '{build}' of template '{id}' not found"
-        ))),
-    }
-}
-
-async fn start_build(
+pub(crate) async fn start_build(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
@@ -281,7 +224,7 @@ async fn start_build(
 /// (its step's sandbox is destroyed and the step's writes thrown away); it ends with status
 /// `error`. A build that was requested but never started ends at once. E2B has no such call;
 /// `airlock template cancel` makes it.
-async fn cancel_build(
+pub(crate) async fn cancel_build(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
@@ -410,52 +353,7 @@ fn registry_credentials(
     }
 }
 
-pub(crate) fn step(s: &TemplateStep) -> Result<Step, String> {
-    let args = &s.args;
-    let non_empty = |what: &str, v: &str| {
-        if v.is_empty() || v.contains('\0') {
-            Err(format!("{} needs a non-empty {what}", s.kind))
-        } else {
-            Ok(v.to_owned())
-        }
-    };
-    let kind = match (s.kind.as_str(), args.as_slice()) {
-        ("RUN", [command]) => StepKind::Run {
-            command: non_empty("command", command)?,
-            user: None,
-        },
-        ("RUN", [command, user]) => StepKind::Run {
-            command: non_empty("command", command)?,
-            user: Some(non_empty("user", user)?),
-        },
-        ("ENV", pairs) if !pairs.is_empty() && pairs.len() % 2 == 0 => StepKind::Env(
-            pairs
-                .chunks(2)
-                .map(|kv| Ok((non_empty("name", &kv[0])?, kv[1].clone())))
-                .collect::<Result<_, String>>()?,
-        ),
-        ("WORKDIR", [dir]) if dir.starts_with('/') => StepKind::Workdir(dir.clone()),
-        ("WORKDIR", [dir]) => return Err(format!("WORKDIR must be absolute, not '{dir}'")),
-        ("USER", [user]) => StepKind::User(non_empty("user", user)?),
-        ("COPY", args) => {
-            let hash = s.files_hash.as_deref().unwrap_or_default();
-            if !valid_hash(hash) {
-                return Err("COPY needs the filesHash its files were uploaded under".into());
-            }
-            StepKind::Copy(CopyStep::new(args, hash)?)
-        }
-        ("RUN" | "ENV" | "WORKDIR" | "USER", _) => {
-            return Err(format!("{} got the wrong number of arguments", s.kind))
-        }
-        (other, _) => return Err(format!("unknown step type '{other}'")),
-    };
-    Ok(Step {
-        kind,
-        force: s.force,
-    })
-}
-
-async fn build_status(
+pub(crate) async fn build_status(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
@@ -487,118 +385,4 @@ async fn build_status(
             .failure
             .map(|(message, step)| BuildFailureReason { message, step }),
     }))
-}
-
-/// COPY's upload link: whether the server has the files of `hash` for this template, and if
-/// not, a one-time URL on this server to PUT them to (the SDK sends no API key with it).
-async fn file_upload_link(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, hash)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let template = owned(&state, &caller, &id)?;
-    if !valid_hash(&hash) {
-        return Err(ApiError::bad_request(format!(
-            "'{hash}' is not a files hash (64 hex digits)"
-        )));
-    }
-    let uploads = &state.builder.uploads;
-    let present = uploads.has(&template.id, &hash);
-    // An upload may bring what is left of the key's template storage.
-    let limit = state.builder.limits().storage_bytes_per_key;
-    let room = limit.saturating_sub(state.builder.make_room(&caller.0, limit).await?);
-    if room == 0 && !present {
-        return Err(UploadError::OverQuota(0).into());
-    }
-    // The SDK uploads again when a step says `force_upload`, so a link comes either way.
-    let token = uploads.ticket(&caller.0, &template.id, &hash, room)?;
-    let url = format!("{}/uploads/{token}", base_url(&headers));
-    let link = TemplateFileUpload {
-        present,
-        url: Some(url),
-        headers: None,
-    };
-    Ok((StatusCode::CREATED, Json(link)).into_response())
-}
-
-/// The URL this server is reached at, as the client named it.
-fn base_url(headers: &HeaderMap) -> String {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let host = header("x-forwarded-host")
-        .or_else(|| header("host"))
-        .unwrap_or("localhost");
-    let scheme = match header("x-forwarded-proto") {
-        Some("https") => "https",
-        _ => "http",
-    };
-    format!("{scheme}://{host}")
-}
-
-/// `PUT /uploads/{token}`: a COPY's archive, to the link [`file_upload_link`] handed out. The
-/// token is the authority; it works once.
-pub async fn upload(
-    State(state): State<AppState>,
-    Path(token): Path<String>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> Result<Response, ApiError> {
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_UPLOAD_BYTES) {
-        return Err(UploadError::TooLarge.into());
-    }
-    let stream = body
-        .into_data_stream()
-        .map(|chunk| chunk.map_err(std::io::Error::other));
-    let size = state
-        .builder
-        .uploads
-        .receive(&token, tokio_util::io::StreamReader::new(stream))
-        .await?;
-    Ok((StatusCode::OK, Json(serde_json::json!({ "size": size }))).into_response())
-}
-
-/// `Template.exists`: 200 for a name (or `name:tag`) the caller can start, 404 otherwise
-/// (another key's private template included, and one whose builds all failed: there is
-/// nothing to start).
-async fn alias(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(alias): Path<String>,
-) -> Result<Json<TemplateAlias>, ApiError> {
-    let (record, template) = state
-        .store
-        .visible_template(Some(&caller.0), &alias)?
-        .ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
-    Ok(Json(match template {
-        Some(t) => TemplateAlias {
-            template_id: t.id.to_string(),
-            public: t.public,
-        },
-        None => TemplateAlias {
-            template_id: record.name.to_string(),
-            public: true,
-        },
-    }))
-}
-
-/// `Template.exists("{key id}/name")`: the SDK puts the slash into the path as it is.
-async fn namespaced_alias(
-    state: State<AppState>,
-    caller: Extension<Caller>,
-    Path((namespace, name)): Path<(String, String)>,
-) -> Result<Json<TemplateAlias>, ApiError> {
-    alias(state, caller, Path(format!("{namespace}/{name}"))).await
-}
-
-/// `DELETE /templates/{id}` for a user template (snapshots share the route; see `api`).
-/// Sandboxes running from it keep its files, which stay on disk.
-pub fn delete_owned(state: &AppState, caller: &Caller, id: &str) -> Result<bool, ApiError> {
-    let Some(template) = find_owned(state, caller, id)? else {
-        return Ok(false);
-    };
-    state.store.delete_user_template(&template.id)?;
-    Ok(true)
 }

@@ -27,11 +27,11 @@ pub fn install(opts: InstallOptions) -> anyhow::Result<()> {
         .context("locating the airlock binary")?;
     // The service runs the ones beside this binary: they must be there.
     for companion in ["airlock-agent", "airlock-netd"] {
-        crate::serve::find_binary(companion, None)?;
+        super::binaries::find_binary(companion, None)?;
     }
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Store::open(&data.db()).context("opening the state database")?;
-    let key = crate::serve::ensure_api_key(&store, &data)?;
+    let key = super::keys::ensure_api_key(&store, &data)?;
 
     let unit = unit_file(&binary, &data, opts.templates_dir.as_deref(), &opts);
     std::fs::create_dir_all(&opts.unit_dir)
@@ -39,7 +39,7 @@ pub fn install(opts: InstallOptions) -> anyhow::Result<()> {
     let path = opts.unit_dir.join(UNIT);
     std::fs::write(&path, unit).with_context(|| format!("writing {}", path.display()))?;
     println!("Wrote {}", path.display());
-    crate::serve::print_key(&key, &data);
+    super::keys::print_key(&key, &data);
 
     let systemd_runs = Path::new("/run/systemd/system").is_dir();
     if opts.start && systemd_runs {

@@ -1,29 +1,23 @@
 //! What a key can learn about and change on its templates, as E2B's API has it: the list
 //! (`GET /templates`, `GET /v2/templates`), one template with its builds (`GET /templates/{id}`),
-//! and making one public or private again (`PATCH /templates/{id}`, `PATCH /v2/templates/{id}`).
+//! making one public or private again (`PATCH /templates/{id}`, `PATCH /v2/templates/{id}`),
+//! looking a name up (`Template.exists`) and deleting one (`DELETE /templates/{id}`).
 //! Each key sees only its own; a public template is usable by every key, not listed for it.
 
-use crate::api::Caller;
-use crate::error::{ApiError, JsonBody};
-use crate::templates_api::owned;
+use crate::http::auth::Caller;
+use crate::http::error::{ApiError, JsonBody};
+use crate::http::templates::{find_owned, owned};
 use crate::AppState;
 use airlock_core::store::{BuildRecord, BuildStatus, UserTemplate};
 use airlock_wire::templates::{
-    TemplateBuildInfo, TemplateInfo, TemplateUpdate, TemplateWithBuilds,
+    TemplateAlias, TemplateBuildInfo, TemplateInfo, TemplateUpdate, TemplateUpdated,
+    TemplateWithBuilds,
 };
 use axum::extract::{Extension, Path, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::StatusCode;
+use axum::Json;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/templates", get(list))
-        .route("/v2/templates", get(list))
-        .route("/templates/{id}", get(detail).patch(update))
-        .route("/v2/templates/{id}", axum::routing::patch(update))
-}
-
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
@@ -39,7 +33,7 @@ async fn list(
 }
 
 /// One of the caller's templates with its builds (E2B's `TemplateWithBuilds`).
-async fn detail(
+pub(crate) async fn detail(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -64,19 +58,79 @@ async fn detail(
     }))
 }
 
-async fn update(
+pub(crate) async fn update(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TemplateUpdate>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<TemplateUpdated>, ApiError> {
     let template = owned(&state, &caller, &id)?;
     let updated = UserTemplate {
         public: body.public.unwrap_or(template.public),
         ..template
     };
     state.store.update_user_template(&updated)?;
-    Ok(Json(serde_json::json!({ "names": names(&updated) })))
+    Ok(Json(TemplateUpdated {
+        names: names(&updated),
+    }))
+}
+
+/// `Template.exists`: 200 for a name (or `name:tag`) the caller can start, 404 otherwise
+/// (another key's private template included, and one whose builds all failed: there is
+/// nothing to start).
+pub(crate) async fn alias(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(alias): Path<String>,
+) -> Result<Json<TemplateAlias>, ApiError> {
+    let (record, template) = state
+        .store
+        .visible_template(Some(&caller.0), &alias)?
+        .ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
+    Ok(Json(match template {
+        Some(t) => TemplateAlias {
+            template_id: t.id.to_string(),
+            public: t.public,
+        },
+        None => TemplateAlias {
+            template_id: record.name.to_string(),
+            public: true,
+        },
+    }))
+}
+
+/// `Template.exists("{key id}/name")`: the SDK puts the slash into the path as it is.
+pub(crate) async fn namespaced_alias(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Json<TemplateAlias>, ApiError> {
+    alias(state, caller, Path(format!("{namespace}/{name}"))).await
+}
+
+/// Deletes the caller's template or snapshot of that name (E2B's SDK deletes both here).
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if delete_owned(&state, &caller, &id)?
+        || state.lifecycle.delete_snapshot(&caller.0, &id).await?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("snapshot '{id}' not found")))
+    }
+}
+
+/// `DELETE /templates/{id}` for a user template (snapshots share the route; see [`delete`]).
+/// Sandboxes running from it keep its files, which stay on disk.
+fn delete_owned(state: &AppState, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+    let Some(template) = find_owned(state, caller, id)? else {
+        return Ok(false);
+    };
+    state.store.delete_user_template(&template.id)?;
+    Ok(true)
 }
 
 fn resources(state: &AppState, t: &UserTemplate) -> (u32, u32) {

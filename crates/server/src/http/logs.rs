@@ -2,24 +2,17 @@
 //! what its agent did and what its template's start command wrote. The agent holds the log;
 //! this pages and filters it as E2B's API does. A key sees its own sandboxes' logs only.
 
-use crate::api::Owned;
-use crate::error::ApiError;
+use crate::http::auth::Owned;
+use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_wire::api::{SandboxLogEntry, SandboxLogLine, SandboxLogsV1, SandboxLogsV2};
 use airlock_wire::logs::{LogEntry, LogLevel};
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use std::collections::HashMap;
 
 /// Entries one call returns unless it asks for fewer (E2B's default, and its most).
 const MAX_PAGE: usize = 1000;
-
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v2/sandboxes/{id}/logs", get(logs_v2))
-        .route("/sandboxes/{id}/logs", get(logs_v1))
-}
 
 /// Which entries to return, in which order.
 #[derive(Debug, PartialEq)]
@@ -115,7 +108,7 @@ fn entry_body(e: &LogEntry) -> SandboxLogEntry {
 
 /// Entries from `cursor` (Unix ms) on by default; `direction=backward` reads back from it,
 /// newest first; `level` is the least severe level shown; `search` matches messages.
-async fn logs_v2(
+pub(crate) async fn logs_v2(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
     Query(query): Query<HashMap<String, String>>,
@@ -127,7 +120,7 @@ async fn logs_v2(
 }
 
 /// E2B's first version: entries from `start` (Unix ms) on, oldest first, up to `limit`.
-async fn logs_v1(
+pub(crate) async fn logs_v1(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
     Query(query): Query<HashMap<String, String>>,

@@ -4,8 +4,8 @@
 //! - `/volumecontent/{id}/...`, behind the volume's own token (`Authorization: Bearer`), which
 //!   the SDK reaches through `E2B_VOLUME_API_URL`.
 
-use crate::api::Caller;
-use crate::error::{ApiError, JsonBody};
+use crate::http::auth::Caller;
+use crate::http::error::{ApiError, JsonBody};
 use crate::AppState;
 use airlock_core::store::VolumeRecord;
 use airlock_core::volumes::{EntryKind, EntryStat, MetadataChange, VolumeError, VolumeTree};
@@ -16,29 +16,10 @@ use axum::body::Body;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::SecondsFormat;
 use futures::StreamExt;
 use std::collections::HashMap;
-
-/// The control plane's routes (the caller's API key is checked before them).
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/volumes", post(create).get(list))
-        .route("/volumes/{id}", get(info).delete(destroy))
-}
-
-/// The content API's routes, each authenticated by the volume's token.
-pub fn content_routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/volumecontent/{id}/path",
-            get(stat).delete(remove).patch(update),
-        )
-        .route("/volumecontent/{id}/dir", get(list_dir).post(make_dir))
-        .route("/volumecontent/{id}/file", get(read_file).put(write_file))
-}
 
 fn with_token(v: VolumeRecord) -> VolumeAndToken {
     VolumeAndToken {
@@ -48,7 +29,7 @@ fn with_token(v: VolumeRecord) -> VolumeAndToken {
     }
 }
 
-async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<NewVolume>,
@@ -59,7 +40,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(with_token(volume))))
 }
 
-async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<Volume>>, ApiError> {
@@ -75,7 +56,7 @@ async fn list(
     ))
 }
 
-async fn info(
+pub(crate) async fn info(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -83,7 +64,7 @@ async fn info(
     Ok(Json(with_token(state.volumes.get(&caller.0, &id)?)))
 }
 
-async fn destroy(
+pub(crate) async fn destroy(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -189,7 +170,7 @@ fn shown(e: EntryStat) -> VolumeEntryStat {
     }
 }
 
-async fn stat(
+pub(crate) async fn stat(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -200,7 +181,7 @@ async fn stat(
     Ok(Json(shown(entry)))
 }
 
-async fn remove(
+pub(crate) async fn remove(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -211,7 +192,7 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn update(
+pub(crate) async fn update(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -231,7 +212,7 @@ async fn update(
     Ok(Json(shown(entry)))
 }
 
-async fn list_dir(
+pub(crate) async fn list_dir(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -243,7 +224,7 @@ async fn list_dir(
     Ok(Json(entries.into_iter().map(shown).collect()))
 }
 
-async fn make_dir(
+pub(crate) async fn make_dir(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -258,7 +239,7 @@ async fn make_dir(
     Ok((StatusCode::CREATED, Json(shown(made))))
 }
 
-async fn read_file(
+pub(crate) async fn read_file(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -276,7 +257,7 @@ async fn read_file(
 
 /// Writes the body to the file, whole or not at all: a body that breaks off or does not fit
 /// the volume leaves what was there before.
-async fn write_file(
+pub(crate) async fn write_file(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,

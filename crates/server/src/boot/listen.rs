@@ -1,7 +1,7 @@
 //! The one port's connections, held to bounds that no client, with a key or without, can stretch:
 //! at most [`MAX_CONNECTIONS`] open at once, a request head in [`HEAD_TIMEOUT`] (which is also
 //! how long a kept-alive connection may sit idle between requests), and heads of at most
-//! [`MAX_HEAD`] bytes. API bodies are bounded by the router (`serve.rs`); sandbox traffic
+//! [`MAX_HEAD`] bytes. API bodies are bounded by the router (`boot/mod.rs`); sandbox traffic
 //! streams through.
 
 use axum::Router;

@@ -1,165 +1,29 @@
-//! The control-plane REST API, as E2B's SDKs call it (protocol doc §2).
+//! Sandboxes, as E2B's SDKs call the control-plane REST API for them (protocol doc §2):
+//! create, look up, list, connect, set the timeout and the network rules, kill.
 
-use crate::error::{ApiError, JsonBody};
+use crate::http::auth::{Caller, Owned};
+use crate::http::error::{ApiError, JsonBody};
+use crate::http::validate::{check_map, parse_metadata_filter};
 use crate::AppState;
 use airlock_core::egress::Egress;
-use airlock_core::lifecycle::{CreateParams, LifecycleError};
-use airlock_core::store::{
-    PauseMode, SandboxRecord, SandboxState as StoredState, SnapshotRecord, Store,
-};
+use airlock_core::lifecycle::CreateParams;
+use airlock_core::store::{PauseMode, SandboxRecord, SandboxState as StoredState, Store};
 use airlock_core::volumes::MountRequest;
 use airlock_wire::api::{
-    ErrorBody, ForkRequest, ForkResult, NetworkConfig, NetworkUpdate, NewSandbox, PauseBody,
-    Sandbox, SandboxDetail, SandboxLifecycle, SandboxState, SnapshotInfo, SnapshotRequest,
-    TimeoutBody, VolumeMountBody,
+    NetworkConfig, NetworkUpdate, NewSandbox, Sandbox, SandboxDetail, SandboxLifecycle,
+    SandboxState, TimeoutBody, VolumeMountBody,
 };
 use airlock_wire::ENVD_VERSION;
-use axum::extract::{Extension, FromRequestParts, Path, Query, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
-use axum::{Json, Router};
-use sha2::{Digest, Sha256};
+use axum::Json;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Most forks one call may ask for (E2B's limit).
-const MAX_FORKS: usize = 20;
 /// Largest `limit` a list call may ask for.
 const MAX_PAGE: usize = 1000;
-/// Caps on what a create may attach, so one client cannot bloat the store.
-const MAX_MAP_ENTRIES: usize = 256;
-const MAX_MAP_BYTES: usize = 64 * 1024;
-
-pub fn routes(state: AppState) -> Router<AppState> {
-    Router::new()
-        .route("/sandboxes", post(create_v1).get(list_v1))
-        .route("/v2/sandboxes", post(create_v2).get(list_v2))
-        .route("/sandboxes/{id}", get(detail).delete(kill))
-        .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/network", put(set_network))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
-        .route("/sandboxes/{id}/fork", post(fork))
-        .route("/snapshots", get(list_snapshots))
-        .route("/templates/{id}", delete(delete_template))
-        .merge(crate::templates_api::routes())
-        .merge(crate::metrics_api::routes())
-        .merge(crate::logs_api::routes())
-        .merge(crate::volumes_api::routes())
-        .route_layer(axum::middleware::from_fn_with_state(state, require_api_key))
-}
-
-pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
-}
-
-/// The API key a request came with (its public id). Each key sees only the sandboxes and
-/// snapshots it made.
-#[derive(Debug, Clone)]
-pub struct Caller(pub String);
-
-impl Caller {
-    /// Whether this caller may see something owned by `owner` (records from before keys had
-    /// owners belong to no key).
-    pub(crate) fn sees(&self, owner: &Option<String>) -> bool {
-        owner.as_deref() == Some(self.0.as_str())
-    }
-}
-
-/// A sandbox named by the request path (`{id}`) that the calling key may use. Another key's
-/// sandbox is rejected with 404, as one that does not exist: its existence is not confirmed.
-pub struct Owned {
-    pub id: String,
-    pub record: Arc<SandboxRecord>,
-}
-
-impl FromRequestParts<AppState> for Owned {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let Path(id) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::bad_request(e.body_text()))?;
-        // `require_api_key` runs first on every API route and always sets the caller.
-        let caller = parts
-            .extensions
-            .get::<Caller>()
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
-        let record = state.lifecycle.record(&id)?;
-        if !caller.sees(&record.owner) {
-            return Err(LifecycleError::SandboxNotFound(id).into());
-        }
-        Ok(Owned { id, record })
-    }
-}
-
-pub(crate) async fn require_api_key(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let key = req
-        .headers()
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if key.is_empty() {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing API key: send it in the X-API-KEY header",
-        )
-        .into_response();
-    }
-    match caller_of_key(&state, key) {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Err(e) => e.into_response(),
-    }
-}
-
-/// The caller an API key stands for; 401 for an unknown or revoked one.
-pub(crate) fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
-    match state.store.api_key_id(&hash_key(key)) {
-        Ok(Some(id)) => Ok(Caller(id)),
-        Ok(None) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid API key (unknown or revoked)",
-        )),
-        Err(e) => {
-            tracing::error!(error = %e, "API key lookup failed");
-            Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal error; see the server log",
-            ))
-        }
-    }
-}
-
-pub fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if map.len() > MAX_MAP_ENTRIES || bytes > MAX_MAP_BYTES {
-        return Err(ApiError::bad_request(format!(
-            "{what} is too large (at most {MAX_MAP_ENTRIES} entries and {MAX_MAP_BYTES} bytes)"
-        )));
-    }
-    if what == "envVars" {
-        if let Some(bad) = map.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return Err(ApiError::bad_request(format!(
-                "invalid env var name {bad:?}"
-            )));
-        }
-    }
-    Ok(())
-}
 
 /// A create, counted and timed for the operator's metrics.
 async fn create(
@@ -237,7 +101,7 @@ async fn start_sandbox(
         .into_response())
 }
 
-async fn create_v2(
+pub(crate) async fn create_v2(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<NewSandbox>,
@@ -246,7 +110,7 @@ async fn create_v2(
     create(&state, caller, body, true).await
 }
 
-async fn create_v1(
+pub(crate) async fn create_v1(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<NewSandbox>,
@@ -264,7 +128,7 @@ fn template_names(store: &Store, r: &SandboxRecord) -> (String, String) {
     }
 }
 
-fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
+pub(crate) fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
     let (template_id, alias) = template_names(&state.store, r);
     Sandbox {
         template_id,
@@ -342,11 +206,11 @@ fn network_body(r: &SandboxRecord) -> NetworkConfig {
     }
 }
 
-async fn detail(State(state): State<AppState>, Owned { record, .. }: Owned) -> Json<SandboxDetail> {
+pub(crate) async fn detail(State(state): State<AppState>, Owned { record, .. }: Owned) -> Json<SandboxDetail> {
     Json(detail_body(&state, &record, true))
 }
 
-async fn kill(
+pub(crate) async fn kill(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
 ) -> Result<StatusCode, ApiError> {
@@ -366,7 +230,7 @@ fn egress(allow_internet_access: Option<bool>, rules: &NetworkConfig) -> Result<
 
 /// E2B's `update_network`: replaces the sandbox's outbound rules, at once if it runs, at its
 /// resume if it is paused. `allowPublicTraffic`, when sent, is changed too (left out, it stays).
-async fn set_network(
+pub(crate) async fn set_network(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<NetworkUpdate>,
@@ -380,7 +244,7 @@ async fn set_network(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn set_timeout(
+pub(crate) async fn set_timeout(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
@@ -395,7 +259,7 @@ async fn set_timeout(
 }
 
 /// How a resume brings a paused sandbox back: `memory: false` asks for a reboot.
-fn resume_mode(body: &TimeoutBody) -> PauseMode {
+pub(crate) fn resume_mode(body: &TimeoutBody) -> PauseMode {
     match body.memory {
         Some(false) => PauseMode::Filesystem,
         _ => PauseMode::Full,
@@ -404,7 +268,7 @@ fn resume_mode(body: &TimeoutBody) -> PauseMode {
 
 /// Connect: a running sandbox gets its timeout extended if one is given (200); a paused one is
 /// resumed (201).
-async fn connect(
+pub(crate) async fn connect(
     State(state): State<AppState>,
     Owned { id, .. }: Owned,
     JsonBody(body): JsonBody<TimeoutBody>,
@@ -418,139 +282,6 @@ async fn connect(
         StatusCode::OK
     };
     Ok((status, Json(sandbox_body(&state, &sandbox.record()))).into_response())
-}
-
-/// The body is optional: `{"memory": false}` keeps the files only; `requireHealthyGuest`
-/// refuses to pause a sandbox whose agent does not answer.
-async fn pause(
-    State(state): State<AppState>,
-    Owned { id, .. }: Owned,
-    JsonBody(body): JsonBody<PauseBody>,
-) -> Result<StatusCode, ApiError> {
-    let mode = match body.memory {
-        Some(false) => PauseMode::Filesystem,
-        _ => PauseMode::Full,
-    };
-    let healthy_guest = body.require_healthy_guest.unwrap_or(false);
-    let paused = state.lifecycle.pause(&id, mode, healthy_guest);
-    state.verbs.timed("pause", paused).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-async fn resume(
-    State(state): State<AppState>,
-    Owned { id, .. }: Owned,
-    JsonBody(body): JsonBody<TimeoutBody>,
-) -> Result<Response, ApiError> {
-    let timeout = body.timeout.map(Duration::from_secs);
-    let resumed = state.lifecycle.resume(&id, timeout, resume_mode(&body));
-    let sandbox = state.verbs.timed("resume", resumed).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox_body(&state, &sandbox.record())),
-    )
-        .into_response())
-}
-
-fn snapshot_info(s: &SnapshotRecord) -> SnapshotInfo {
-    SnapshotInfo {
-        snapshot_id: s.id.to_string(),
-        names: vec![s.id.to_string()],
-    }
-}
-
-async fn create_snapshot(
-    State(state): State<AppState>,
-    Owned { id, .. }: Owned,
-    JsonBody(body): JsonBody<SnapshotRequest>,
-) -> Result<Response, ApiError> {
-    let saved = state.lifecycle.snapshot(&id, body.name.as_deref());
-    let snapshot = state.verbs.timed("snapshot", saved).await?;
-    Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
-}
-
-/// `?sandboxID=` narrows to one source sandbox, `?name=` to one snapshot.
-async fn list_snapshots(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Vec<SnapshotInfo>>, ApiError> {
-    let source = query.get("sandboxID");
-    let name = query.get("name");
-    Ok(Json(
-        state
-            .lifecycle
-            .snapshots(&caller.0)?
-            .iter()
-            .filter(|s| source.is_none_or(|id| s.source_sandbox.as_str() == id))
-            .filter(|s| name.is_none_or(|n| s.id.as_str() == n))
-            .map(snapshot_info)
-            .collect(),
-    ))
-}
-
-/// Deletes the caller's template or snapshot of that name (E2B's SDK deletes both here).
-async fn delete_template(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    if crate::templates_api::delete_owned(&state, &caller, &id)?
-        || state.lifecycle.delete_snapshot(&caller.0, &id).await?
-    {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("snapshot '{id}' not found")))
-    }
-}
-
-async fn fork(
-    State(state): State<AppState>,
-    Owned { id, .. }: Owned,
-    JsonBody(body): JsonBody<ForkRequest>,
-) -> Result<Response, ApiError> {
-    let count = body.count.unwrap_or(1);
-    if !(1..=MAX_FORKS).contains(&count) {
-        return Err(ApiError::bad_request(format!(
-            "count must be 1..={MAX_FORKS}"
-        )));
-    }
-    let forks = state
-        .lifecycle
-        .fork(&id, count, body.timeout.map(Duration::from_secs))
-        .await?;
-    let entries: Vec<ForkResult> = forks
-        .into_iter()
-        .map(|f| match f {
-            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&state, &sandbox.record())),
-            Err(e) => {
-                let e = ApiError::from(e);
-                ForkResult::Error(ErrorBody {
-                    code: e.status.as_u16(),
-                    message: e.message,
-                })
-            }
-        })
-        .collect();
-    Ok((StatusCode::CREATED, Json(entries)).into_response())
-}
-
-/// `metadata` as the SDK sends it: quoted three times (protocol doc §2.2).
-pub fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError> {
-    let once = percent_decode(raw)?;
-    let mut out = BTreeMap::new();
-    for pair in once.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').ok_or_else(|| {
-            ApiError::bad_request(format!("metadata filter {pair:?} is not key=value"))
-        })?;
-        out.insert(percent_decode(k)?, percent_decode(v)?);
-    }
-    Ok(out)
-}
-
-fn percent_decode(s: &str) -> Result<String, ApiError> {
-    crate::proxy::percent_decode(s)
-        .ok_or_else(|| ApiError::bad_request(format!("malformed percent-encoding in {s:?}")))
 }
 
 /// The caller's sandboxes that the list query's filters let through, oldest first:
@@ -609,7 +340,7 @@ fn matching<'a>(
         .collect())
 }
 
-async fn list_v1(
+pub(crate) async fn list_v1(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
@@ -624,7 +355,7 @@ async fn list_v1(
 /// Paginated list, newest first unless `order=asc`. `nextToken` names the place after the
 /// last sandbox of the page (its start time and id), so pages stay right when sandboxes
 /// come and go between them.
-async fn list_v2(
+pub(crate) async fn list_v2(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
@@ -678,28 +409,4 @@ async fn list_v2(
         }
     }
     Ok(resp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metadata_filter_is_decoded_three_times() {
-        // What the SDK sends for {"user": "a b"} after the HTTP layer's own decoding.
-        let parsed = parse_metadata_filter("user=a%2520b").unwrap();
-        assert_eq!(parsed.get("user").map(String::as_str), Some("a b"));
-        let two = parse_metadata_filter("a%3D1%26b%3D2").unwrap();
-        assert_eq!(two.len(), 2);
-        assert!(parse_metadata_filter("novalue").is_err());
-        assert!(parse_metadata_filter("a=%zz").is_err());
-    }
-
-    #[test]
-    fn env_var_names_are_checked() {
-        let ok = BTreeMap::from([("A".to_string(), "1".to_string())]);
-        assert!(check_map("envVars", &ok).is_ok());
-        let bad = BTreeMap::from([("A=B".to_string(), "1".to_string())]);
-        assert!(check_map("envVars", &bad).is_err());
-    }
 }

@@ -1,7 +1,7 @@
-//! `airlock sandbox cp`: one file into or out of a sandbox, through its agent's `/files` (the
-//! SDK's `files.write` and `files.read`), streamed both ways.
+//! A sandbox's files through its agent's `/files` (the SDK's `files.write` and `files.read`),
+//! streamed both ways: `airlock sandbox cp`, and the MCP tools' reads and writes.
 
-use super::{CliError, Client};
+use super::{Client, ClientError};
 use axum::body::Body;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
@@ -30,14 +30,14 @@ pub(crate) async fn copy(
     src: &str,
     dst: &str,
     user: &str,
-) -> Result<String, CliError> {
+) -> Result<String, ClientError> {
     match (place(src), place(dst)) {
         (Place::Local(local), Place::Sandbox { id, path }) => {
             let file = tokio::fs::File::open(local)
                 .await
-                .map_err(|e| CliError::Failed(format!("reading {local}: {e}")))?;
+                .map_err(|e| ClientError::Failed(format!("reading {local}: {e}")))?;
             if file.metadata().await.is_ok_and(|m| m.is_dir()) {
-                return Err(CliError::Failed(format!(
+                return Err(ClientError::Failed(format!(
                     "{local} is a directory; cp copies one file"
                 )));
             }
@@ -46,7 +46,7 @@ pub(crate) async fn copy(
             let req = files_request(client, id, token.as_deref(), "POST", path, user)
                 .header("content-type", "application/octet-stream")
                 .body(body)
-                .map_err(|e| CliError::Failed(e.to_string()))?;
+                .map_err(|e| ClientError::Failed(e.to_string()))?;
             checked(client.send(req).await?).await?;
             Ok(format!("copied {local} to {id}:{path}"))
         }
@@ -54,14 +54,14 @@ pub(crate) async fn copy(
             let token = client.access_token(id).await?;
             let req = files_request(client, id, token.as_deref(), "GET", path, user)
                 .body(Body::empty())
-                .map_err(|e| CliError::Failed(e.to_string()))?;
+                .map_err(|e| ClientError::Failed(e.to_string()))?;
             let mut body = checked(client.send(req).await?).await?.into_body();
             // Into a new file beside the target, renamed over it once whole: a broken copy
             // leaves the target as it was.
             let partial = format!("{local}.airlock-partial");
             let mut out = tokio::fs::File::create(&partial)
                 .await
-                .map_err(|e| CliError::Failed(format!("writing {local}: {e}")))?;
+                .map_err(|e| ClientError::Failed(format!("writing {local}: {e}")))?;
             let written = async {
                 while let Some(frame) = body.frame().await {
                     let frame = frame.map_err(|e| format!("the download broke: {e}"))?;
@@ -77,14 +77,14 @@ pub(crate) async fn copy(
             .await;
             if let Err(e) = written {
                 let _ = tokio::fs::remove_file(&partial).await;
-                return Err(CliError::Failed(format!("writing {local}: {e}")));
+                return Err(ClientError::Failed(format!("writing {local}: {e}")));
             }
             Ok(format!("copied {id}:{path} to {local}"))
         }
-        (Place::Sandbox { .. }, Place::Sandbox { .. }) => Err(CliError::Failed(
+        (Place::Sandbox { .. }, Place::Sandbox { .. }) => Err(ClientError::Failed(
             "both sides are in sandboxes; copy through a local file".into(),
         )),
-        (Place::Local(_), Place::Local(_)) => Err(CliError::Failed(
+        (Place::Local(_), Place::Local(_)) => Err(ClientError::Failed(
             "neither side is in a sandbox: name one as ID:PATH".into(),
         )),
     }
@@ -116,13 +116,13 @@ pub(crate) fn files_request(
 /// The response if it is a success, else its `{message}` as the error.
 pub(crate) async fn checked(
     resp: hyper::Response<hyper::body::Incoming>,
-) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
+) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
     if resp.status().is_success() {
         return Ok(resp);
     }
     let status = resp.status();
-    let body = crate::capped::error_text(resp.into_body()).await;
-    Err(CliError::Failed(super::error_message(&body, status)))
+    let body = super::capped::error_text(resp.into_body()).await;
+    Err(ClientError::Failed(super::error_message(&body, status)))
 }
 
 #[cfg(test)]

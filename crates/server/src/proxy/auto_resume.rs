@@ -4,8 +4,8 @@
 //! sandbox without public traffic its traffic token. A sandbox paused without its memory is not
 //! woken, as on E2B: it starts afresh, which a request in flight cannot expect.
 
-use crate::error::ApiError;
-use crate::proxy::{port_allowed, sandbox_not_found};
+use super::target::{port_allowed, sandbox_not_found};
+use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::ids::constant_time_eq;
 use airlock_core::lifecycle::{LifecycleError, Sandbox};

@@ -1,0 +1,99 @@
+//! Who a request of the REST API comes from: the API key it carries, checked once by
+//! [`require_api_key`] in front of every control-plane route, and the [`Caller`] and [`Owned`]
+//! sandbox that handlers take from it.
+
+use crate::http::error::ApiError;
+use crate::AppState;
+use airlock_core::keys::hash_key;
+use airlock_core::lifecycle::LifecycleError;
+use airlock_core::store::SandboxRecord;
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// The API key a request came with (its public id). Each key sees only the sandboxes and
+/// snapshots it made.
+#[derive(Debug, Clone)]
+pub struct Caller(pub String);
+
+impl Caller {
+    /// Whether this caller may see something owned by `owner` (records from before keys had
+    /// owners belong to no key).
+    pub(crate) fn sees(&self, owner: &Option<String>) -> bool {
+        owner.as_deref() == Some(self.0.as_str())
+    }
+}
+
+/// A sandbox named by the request path (`{id}`) that the calling key may use. Another key's
+/// sandbox is rejected with 404, as one that does not exist: its existence is not confirmed.
+pub struct Owned {
+    pub id: String,
+    pub record: Arc<SandboxRecord>,
+}
+
+impl FromRequestParts<AppState> for Owned {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        // `require_api_key` runs first on every API route and always sets the caller.
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
+        let record = state.lifecycle.record(&id)?;
+        if !caller.sees(&record.owner) {
+            return Err(LifecycleError::SandboxNotFound(id).into());
+        }
+        Ok(Owned { id, record })
+    }
+}
+
+pub(crate) async fn require_api_key(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if key.is_empty() {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key: send it in the X-API-KEY header",
+        )
+        .into_response();
+    }
+    match caller_of_key(&state, key) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The caller an API key stands for; 401 for an unknown or revoked one.
+pub(crate) fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
+    match state.store.api_key_id(&hash_key(key)) {
+        Ok(Some(id)) => Ok(Caller(id)),
+        Ok(None) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid API key (unknown or revoked)",
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "API key lookup failed");
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error; see the server log",
+            ))
+        }
+    }
+}

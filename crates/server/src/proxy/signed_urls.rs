@@ -1,0 +1,97 @@
+//! Signed `/files` URLs (protocol doc §3.6): which running sandbox's access token made a URL's
+//! signature, found once and then remembered.
+
+use crate::http::validate::percent_decode;
+use crate::AppState;
+use airlock_core::ids::{constant_time_eq, SandboxId};
+use airlock_core::lifecycle::Sandbox;
+use airlock_wire::signed_url::{signature, FileOperation};
+use axum::http::{Method, Uri};
+use std::sync::Arc;
+
+/// The sandbox whose access token produced this URL's signature (protocol doc §3.6). The SDK
+/// puts no sandbox id in such a URL, so the first request for a signature checks it against
+/// each running sandbox's token, one hash each (the method fixes the operation), and remembers
+/// the answer: requests for that URL after it are found in O(1).
+pub(crate) async fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox>> {
+    let operation = match *method {
+        Method::GET | Method::HEAD => FileOperation::Read,
+        Method::POST => FileOperation::Write,
+        _ => return None,
+    };
+    let query: Vec<(String, String)> = uri.query().map(url_pairs).unwrap_or_default();
+    let get = |k: &str| {
+        query
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let given = get("signature")?;
+    let (path, username) = (get("path").unwrap_or(""), get("username").unwrap_or(""));
+    let expiration = get("signature_expiration");
+    let signed_by = |token: &str| {
+        let expected = signature(path, operation, username, token, expiration);
+        constant_time_eq(expected.as_bytes(), given.as_bytes())
+    };
+    if let Some(id) = state.signers.get(given) {
+        if let Ok(sandbox) = state.lifecycle.running(id.as_str()).await {
+            if sandbox.access_token().as_deref().is_some_and(signed_by) {
+                return Some(sandbox);
+            }
+        }
+    }
+    let sandbox = state.lifecycle.find_by_access_token(signed_by)?;
+    state.signers.remember(given, sandbox.id().clone());
+    Some(sandbox)
+}
+
+/// Signatures already matched to their sandbox. Bounded: when full it starts over, which costs
+/// only a new lookup per URL.
+#[derive(Default)]
+pub struct Signers(std::sync::Mutex<std::collections::HashMap<String, SandboxId>>);
+
+impl Signers {
+    const MAX: usize = 4096;
+
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SandboxId>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, signature: &str) -> Option<SandboxId> {
+        self.map().get(signature).cloned()
+    }
+
+    fn remember(&self, signature: &str, sandbox: SandboxId) {
+        let mut map = self.map();
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert(signature.to_owned(), sandbox);
+    }
+}
+
+pub fn url_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            Some((percent_decode(k)?, percent_decode(v)?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_decode() {
+        assert_eq!(
+            url_pairs("path=%2Fhome%2Fuser&x=a+b"),
+            vec![
+                ("path".to_string(), "/home/user".to_string()),
+                ("x".to_string(), "a b".to_string())
+            ]
+        );
+    }
+}
