@@ -9,12 +9,13 @@
 //!   `/execute`), so it is what proves a caller on them. Running code needs the access token.
 //! - everything else needs the access token.
 
-use crate::state::{AgentState, SandboxConfig};
+use crate::config::{Config, SandboxConfig};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use std::sync::Arc;
 
 pub const UNAUTHORIZED_MESSAGE: &str =
     "unauthorized access, please provide a valid access token or method signing if supported";
@@ -80,16 +81,16 @@ pub fn unauthorized(message: &str) -> Response {
 
 /// Puts the layer in front of every path of `router` (its fallback included), so no route can
 /// be added that skips it.
-pub fn guard(router: Router, agent: AgentState, port: Port) -> Router {
-    router.layer(axum::middleware::from_fn_with_state((agent, port), check))
+pub fn guard(router: Router, config: Arc<Config>, port: Port) -> Router {
+    router.layer(axum::middleware::from_fn_with_state((config, port), check))
 }
 
 async fn check(
-    State((agent, port)): State<(AgentState, Port)>,
+    State((config, port)): State<(Arc<Config>, Port)>,
     req: Request,
     next: Next,
 ) -> Response {
-    if authorized(port, req.uri().path(), req.headers(), &agent.config()) {
+    if authorized(port, req.uri().path(), req.headers(), &config.current()) {
         next.run(req).await
     } else {
         unauthorized(UNAUTHORIZED_MESSAGE)

@@ -10,10 +10,10 @@
 //! instead). A failed upload removes the partial file rather than leave it truncated.
 
 use crate::auth;
+use crate::config::Config;
 use crate::fs::ensure_dirs;
 use crate::metadata::{self, Metadata};
 use crate::rpc::RpcError;
-use crate::state::AgentState;
 use crate::users::User;
 use airlock_wire::envd::UploadedEntry;
 use airlock_wire::signed_url::{signature, FileOperation};
@@ -30,6 +30,7 @@ use serde::Deserialize;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader};
 use tokio_util::io::{ReaderStream, StreamReader};
 
@@ -40,8 +41,10 @@ const DOWNLOAD_CHUNK: usize = 256 * 1024;
 /// Bytes looked at to tell text from binary when the extension says nothing.
 const SNIFF_LEN: u64 = 512;
 
-pub fn routes() -> Router<AgentState> {
-    Router::new().route("/files", get(download).post(upload))
+pub fn routes(config: Arc<Config>) -> Router {
+    Router::new()
+        .route("/files", get(download).post(upload))
+        .with_state(config)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -171,34 +174,34 @@ fn unix_now() -> i64 {
 
 /// Parses the query, authorizes the request and finds its user.
 fn admit(
-    agent: &AgentState,
+    config: &Config,
     uri: &Uri,
     headers: &HeaderMap,
     operation: FileOperation,
 ) -> Result<(FilesQuery, User), FilesError> {
     let Query(query) = Query::<FilesQuery>::try_from_uri(uri)
         .map_err(|e| FilesError::bad_request(format!("invalid query: {e}")))?;
-    let token = agent.config().access_token;
+    let token = config.current().access_token;
     authorize(token.as_deref(), headers, &query, operation, unix_now())?;
     // An unknown user is `unauthenticated`, hence 401.
-    let user = agent.named_user(query.username.as_deref())?;
+    let user = config.named_user(query.username.as_deref())?;
     Ok((query, user))
 }
 
 // ---------------------------------------------------------------- download
 
-async fn download(State(agent): State<AgentState>, uri: Uri, headers: HeaderMap) -> Response {
-    serve_file(&agent, &uri, &headers)
+async fn download(State(config): State<Arc<Config>>, uri: Uri, headers: HeaderMap) -> Response {
+    serve_file(&config, &uri, &headers)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn serve_file(
-    agent: &AgentState,
+    config: &Config,
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response, FilesError> {
-    let (query, user) = admit(agent, uri, headers, FileOperation::Read)?;
+    let (query, user) = admit(config, uri, headers, FileOperation::Read)?;
     let path = user.resolve(query.path.as_deref().unwrap_or_default())?;
     let shown = path.display();
     let md = match tokio::fs::metadata(&path).await {
@@ -392,13 +395,13 @@ const MAX_DRAIN: u64 = 1024 * 1024 * 1024;
 const REFUSED_DRAIN: u64 = 64 * 1024;
 
 async fn upload(
-    State(agent): State<AgentState>,
+    State(config): State<Arc<Config>>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let mut data = body.into_data_stream();
-    let (result, drain) = match admit(&agent, &uri, &headers, FileOperation::Write) {
+    let (result, drain) = match admit(&config, &uri, &headers, FileOperation::Write) {
         Ok((query, user)) => (receive(&query, &user, &headers, &mut data).await, MAX_DRAIN),
         Err(refused) => (Err(refused), REFUSED_DRAIN),
     };
@@ -723,7 +726,6 @@ async fn copy_into<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Agent;
     use airlock_wire::envd::InitRequest;
     use axum::http::Request;
     use http_body_util::BodyExt;
@@ -866,7 +868,7 @@ mod tests {
     #[tokio::test]
     async fn upload_and_download_round_trip() {
         let tmp = tempfile::tempdir().unwrap();
-        let app = routes().with_state(Agent::new());
+        let app = routes(Arc::default());
         let a = tmp.path().join("new/dir/a.txt");
         let b = tmp.path().join("b.bin");
 
@@ -987,14 +989,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("s.txt");
         std::fs::write(&file, b"secret").unwrap();
-        let agent = Agent::new();
-        agent
+        let config = Arc::new(Config::default());
+        config
             .apply_init(InitRequest {
                 access_token: Some("tok".into()),
                 ..Default::default()
             })
             .unwrap();
-        let app = routes().with_state(agent);
+        let app = routes(config);
         let path = file.to_string_lossy().into_owned();
 
         let plain = format!("/files?username=root&path={}", enc(&path));

@@ -6,8 +6,8 @@
 //! those exact values. The entry builder and [`ensure_dirs`] are shared with `watch.rs` and
 //! `files.rs`.
 
+use crate::config::Config;
 use crate::rpc::{self, RpcError, RpcResult};
-use crate::state::AgentState;
 use airlock_wire::connect::Code;
 use airlock_wire::envd::{
     EntryInfo, EntryResponse, FileType, ListDirRequest, ListDirResponse, MakeDirRequest,
@@ -24,28 +24,30 @@ use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// ListDir depths beyond this are clamped: deeper trees are listed only this far.
 const MAX_LIST_DEPTH: u32 = 256;
 /// ListDir refuses to answer with more entries than this (the response is held in memory).
 const MAX_LIST_ENTRIES: usize = 100_000;
 
-pub fn routes() -> Router<AgentState> {
+pub fn routes(config: Arc<Config>) -> Router {
     Router::new()
         .route("/filesystem.Filesystem/Stat", post(stat))
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Move", post(move_entry))
         .route("/filesystem.Filesystem/ListDir", post(list_dir))
         .route("/filesystem.Filesystem/Remove", post(remove))
+        .with_state(config)
 }
 
 async fn stat(
-    State(agent): State<AgentState>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<EntryResponse> {
     let req: StatRequest = rpc::parse_unary(&body)?;
-    let path = agent.rpc_user(&headers)?.resolve(&req.path)?;
+    let path = config.rpc_user(&headers)?.resolve(&req.path)?;
     let entry =
         blocking(move || entry_info(&path, &IdNames::load()).map_err(|e| io_error(&e, &path)))
             .await?;
@@ -53,12 +55,12 @@ async fn stat(
 }
 
 async fn make_dir(
-    State(agent): State<AgentState>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<EntryResponse> {
     let req: MakeDirRequest = rpc::parse_unary(&body)?;
-    let user = agent.rpc_user(&headers)?;
+    let user = config.rpc_user(&headers)?;
     let path = user.resolve(&req.path)?;
     let entry = blocking(move || {
         match fs::metadata(&path) {
@@ -85,12 +87,12 @@ async fn make_dir(
 }
 
 async fn move_entry(
-    State(agent): State<AgentState>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<EntryResponse> {
     let req: MoveRequest = rpc::parse_unary(&body)?;
-    let user = agent.rpc_user(&headers)?;
+    let user = config.rpc_user(&headers)?;
     let source = user.resolve(&req.source)?;
     let destination = user.resolve(&req.destination)?;
     let entry = blocking(move || {
@@ -107,12 +109,12 @@ async fn move_entry(
 }
 
 async fn list_dir(
-    State(agent): State<AgentState>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<ListDirResponse> {
     let req: ListDirRequest = rpc::parse_unary(&body)?;
-    let path = agent.rpc_user(&headers)?.resolve(&req.path)?;
+    let path = config.rpc_user(&headers)?.resolve(&req.path)?;
     let depth = req.depth.clamp(1, MAX_LIST_DEPTH);
     let entries = blocking(move || {
         // The listed directory itself may be a symlink (envd resolves it); entries below it are
@@ -140,12 +142,12 @@ async fn list_dir(
 }
 
 async fn remove(
-    State(agent): State<AgentState>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<airlock_wire::envd::Empty> {
     let req: RemoveRequest = rpc::parse_unary(&body)?;
-    let path = agent.rpc_user(&headers)?.resolve(&req.path)?;
+    let path = config.rpc_user(&headers)?.resolve(&req.path)?;
     if path == Path::new("/") {
         return Err(RpcError::invalid("refusing to remove /"));
     }
@@ -395,7 +397,6 @@ fn parse_id_names(text: &str) -> HashMap<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Agent;
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
@@ -452,7 +453,7 @@ mod tests {
     }
 
     async fn call(method: &str, body: Value) -> (StatusCode, Value) {
-        let app = routes().with_state(Agent::new());
+        let app = routes(Arc::default());
         let req = Request::post(format!("/filesystem.Filesystem/{method}"))
             .header("content-type", "application/json")
             .header("authorization", "Basic cm9vdDo=")

@@ -9,7 +9,6 @@
 //! request.
 
 use crate::reaper;
-use crate::state::AgentState;
 use airlock_wire::{IdleReport, IDLE_PATH};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -19,7 +18,7 @@ use std::sync::Mutex;
 /// Processes of the agent's own that wait only for requests (the kernels).
 static QUIET: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 
-pub fn routes() -> Router<AgentState> {
+pub fn routes() -> Router {
     Router::new().route(IDLE_PATH, get(idle))
 }
 

@@ -4,9 +4,10 @@
 //! everything it started. Output fans out to every attached stream; a stream that goes away never
 //! affects the process. Only a `Connect-Timeout-Ms` deadline on Start or a SendSignal ends it.
 
+use crate::config::Config;
+use crate::log::SandboxLog;
 use crate::rpc::{self, RpcError, RpcResult, StreamSender};
 use crate::spawn;
-use crate::state::AgentState;
 use crate::users::User;
 use airlock_wire::connect::{Code, ConnectError};
 use airlock_wire::envd::{
@@ -40,7 +41,20 @@ const CHUNK: usize = 32 * 1024;
 /// Events buffered per attached stream before the process's output waits for it.
 const STREAM_BUFFER: usize = 64;
 
-pub fn routes() -> Router<AgentState> {
+/// The process service: the processes it started, the settings they start with, and the log
+/// that records them.
+struct Processes {
+    config: Arc<Config>,
+    log: Arc<SandboxLog>,
+    table: ProcessTable,
+}
+
+pub fn routes(config: Arc<Config>, log: Arc<SandboxLog>) -> Router {
+    let processes = Arc::new(Processes {
+        config,
+        log,
+        table: ProcessTable::default(),
+    });
     Router::new()
         .route("/process.Process/Start", post(start))
         .route("/process.Process/Connect", post(connect))
@@ -50,6 +64,7 @@ pub fn routes() -> Router<AgentState> {
         .route("/process.Process/SendSignal", post(send_signal))
         .route("/process.Process/CloseStdin", post(close_stdin))
         .route("/process.Process/Update", post(update))
+        .with_state(processes)
 }
 
 /// Where a process's input goes.
@@ -133,7 +148,7 @@ impl ProcessHandle {
 }
 
 #[derive(Default)]
-pub struct ProcessTable {
+struct ProcessTable {
     live: Mutex<HashMap<u32, Arc<ProcessHandle>>>,
 }
 
@@ -178,16 +193,20 @@ impl ProcessTable {
 
 // ---------------------------------------------------------------- Start
 
-async fn start(State(agent): State<AgentState>, headers: HeaderMap, body: Body) -> Response {
+async fn start(
+    State(processes): State<Arc<Processes>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let req: StartRequest = match rpc::read_stream_request(body).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let user = match agent.rpc_user(&headers) {
+    let user = match processes.config.rpc_user(&headers) {
         Ok(u) => u,
         Err(e) => return e.into_response(),
     };
-    let (handle, events) = match spawn(&agent, &user, req) {
+    let (handle, events) = match spawn(&processes, &user, req) {
         Ok(spawned) => spawned,
         Err(e) => return e.into_response(),
     };
@@ -217,7 +236,7 @@ fn program(cmd: &str) -> &str {
 
 /// Starts the process and its output pumps; the returned receiver sees all of its output.
 fn spawn(
-    agent: &AgentState,
+    processes: &Arc<Processes>,
     user: &User,
     req: StartRequest,
 ) -> Result<(Arc<ProcessHandle>, mpsc::Receiver<ProcessEvent>), RpcError> {
@@ -225,7 +244,7 @@ fn spawn(
     if config.cmd.is_empty() {
         return Err(RpcError::invalid("process.cmd is empty"));
     }
-    let sandbox = agent.config();
+    let sandbox = processes.config.current();
     let cwd = match config.cwd.as_deref().filter(|c| !c.is_empty()) {
         Some(cwd) => user.resolve(cwd)?,
         None => sandbox
@@ -323,18 +342,18 @@ fn spawn(
         }),
     });
     let events = handle.subscribe();
-    agent.processes.insert(handle.clone());
-    log_start(agent, &handle, user);
+    processes.table.insert(handle.clone());
+    log_start(&processes.log, &handle, user);
 
     let logged = handle.tag.as_deref() == Some(START_CMD_TAG);
     let pump_tasks: Vec<_> = pumps
         .into_iter()
         .map(|(reader, kind)| {
-            let log = logged.then(|| agent.clone());
+            let log = logged.then(|| processes.log.clone());
             tokio::spawn(pump(handle.clone(), reader, kind, log))
         })
         .collect();
-    let agent = agent.clone();
+    let processes = processes.clone();
     let waiter = handle.clone();
     tokio::spawn(async move {
         let status = spawn::wait(pid).await;
@@ -350,7 +369,7 @@ fn spawn(
                 error: Some(format!("waiting for process: {e}")),
             },
         };
-        agent.processes.remove(waiter.pid);
+        processes.table.remove(waiter.pid);
         let level = match end.exit_code {
             0 => LogLevel::Info,
             _ => LogLevel::Warn,
@@ -361,7 +380,7 @@ fn spawn(
             ("pid", waiter.pid.to_string()),
             ("exit_code", end.exit_code.to_string()),
         ];
-        agent.log.write(level, message, fields);
+        processes.log.write(level, message, fields);
         waiter.finish(end).await;
     });
     Ok((handle, events))
@@ -377,7 +396,7 @@ enum OutputKind {
 }
 
 /// Records a process's start in the sandbox's log.
-fn log_start(agent: &AgentState, handle: &ProcessHandle, user: &User) {
+fn log_start(log: &SandboxLog, handle: &ProcessHandle, user: &User) {
     // Cut so that the message stays within a log line.
     let mut command = std::iter::once(&handle.config.cmd)
         .chain(&handle.config.args)
@@ -397,7 +416,7 @@ fn log_start(agent: &AgentState, handle: &ProcessHandle, user: &User) {
     if let Some(tag) = &handle.tag {
         fields.push(("tag", tag.clone()));
     }
-    agent.log.write(LogLevel::Info, message, fields);
+    log.write(LogLevel::Info, message, fields);
 }
 
 /// Hands a process's output to its subscribers and, with `log`, to the sandbox's log, line by
@@ -406,7 +425,7 @@ async fn pump(
     handle: Arc<ProcessHandle>,
     mut reader: BoxedReader,
     kind: OutputKind,
-    log: Option<AgentState>,
+    log: Option<Arc<SandboxLog>>,
 ) {
     let stream = match kind {
         OutputKind::Stdout => "stdout",
@@ -414,9 +433,9 @@ async fn pump(
         OutputKind::Pty => "pty",
     };
     let mut to_log = |text: String| {
-        if let Some(agent) = &log {
+        if let Some(log) = &log {
             let fields = [("pid", handle.pid.to_string()), ("stream", stream.into())];
-            agent.log.write(LogLevel::Info, text, fields);
+            log.write(LogLevel::Info, text, fields);
         }
     };
     let mut lines = LineBuffer::default();
@@ -573,12 +592,16 @@ async fn forward_events(
 
 // ---------------------------------------------------------------- the other RPCs
 
-async fn connect(State(agent): State<AgentState>, headers: HeaderMap, body: Body) -> Response {
+async fn connect(
+    State(processes): State<Arc<Processes>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let req: ConnectRequest = match rpc::read_stream_request(body).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let handle = match agent.processes.find(&req.process) {
+    let handle = match processes.table.find(&req.process) {
         Ok(h) => h,
         Err(e) => return e.into_response(),
     };
@@ -594,9 +617,9 @@ async fn connect(State(agent): State<AgentState>, headers: HeaderMap, body: Body
     resp
 }
 
-async fn list(State(agent): State<AgentState>) -> Json<ListResponse> {
+async fn list(State(processes): State<Arc<Processes>>) -> Json<ListResponse> {
     Json(ListResponse {
-        processes: agent.processes.list(),
+        processes: processes.table.list(),
     })
 }
 
@@ -620,15 +643,15 @@ async fn write_input(handle: &ProcessHandle, input: &ProcessInput) -> Result<(),
     result.map_err(|e| RpcError::new(Code::FailedPrecondition, format!("writing input: {e}")))
 }
 
-async fn send_input(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+async fn send_input(State(processes): State<Arc<Processes>>, body: Bytes) -> RpcResult<Empty> {
     let req: SendInputRequest = rpc::parse_unary(&body)?;
-    let handle = agent.processes.find(&req.process)?;
+    let handle = processes.table.find(&req.process)?;
     write_input(&handle, &req.input).await?;
     Ok(Json(Empty {}))
 }
 
-async fn stream_input(State(agent): State<AgentState>, body: Body) -> Response {
-    let result = feed_stream_input(&agent, rpc::MessageReader::new(body)).await;
+async fn stream_input(State(processes): State<Arc<Processes>>, body: Body) -> Response {
+    let result = feed_stream_input(&processes.table, rpc::MessageReader::new(body)).await;
     let (tx, resp) = rpc::stream_response();
     tokio::spawn(async move {
         match result {
@@ -644,14 +667,14 @@ async fn stream_input(State(agent): State<AgentState>, body: Body) -> Response {
 
 /// Applies each StreamInput message in order: a `start` naming the process, then its input.
 async fn feed_stream_input(
-    agent: &AgentState,
+    table: &ProcessTable,
     mut messages: rpc::MessageReader,
 ) -> Result<(), RpcError> {
     let mut target: Option<Arc<ProcessHandle>> = None;
     while let Some(msg) = messages.next::<StreamInputRequest>().await? {
         match msg {
             StreamInputRequest::Start { process } => {
-                target = Some(agent.processes.find(&process)?);
+                target = Some(table.find(&process)?);
             }
             StreamInputRequest::Data { input } => {
                 let handle = target
@@ -665,9 +688,9 @@ async fn feed_stream_input(
     Ok(())
 }
 
-async fn send_signal(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+async fn send_signal(State(processes): State<Arc<Processes>>, body: Bytes) -> RpcResult<Empty> {
     let req: SendSignalRequest = rpc::parse_unary(&body)?;
-    let handle = agent.processes.find(&req.process)?;
+    let handle = processes.table.find(&req.process)?;
     handle.signal(match req.signal {
         Signal::Kill => NixSignal::SIGKILL,
         Signal::Term => NixSignal::SIGTERM,
@@ -675,9 +698,9 @@ async fn send_signal(State(agent): State<AgentState>, body: Bytes) -> RpcResult<
     Ok(Json(Empty {}))
 }
 
-async fn close_stdin(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+async fn close_stdin(State(processes): State<Arc<Processes>>, body: Bytes) -> RpcResult<Empty> {
     let req: CloseStdinRequest = rpc::parse_unary(&body)?;
-    let handle = agent.processes.find(&req.process)?;
+    let handle = processes.table.find(&req.process)?;
     let mut input = handle.input.lock().await;
     if matches!(*input, Some(Input::Pty(_))) {
         return Err(RpcError::invalid(
@@ -689,9 +712,9 @@ async fn close_stdin(State(agent): State<AgentState>, body: Bytes) -> RpcResult<
     Ok(Json(Empty {}))
 }
 
-async fn update(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+async fn update(State(processes): State<Arc<Processes>>, body: Bytes) -> RpcResult<Empty> {
     let req: UpdateRequest = rpc::parse_unary(&body)?;
-    let handle = agent.processes.find(&req.process)?;
+    let handle = processes.table.find(&req.process)?;
     if let Some(pty) = req.pty {
         let master = handle
             .pty_master

@@ -4,9 +4,11 @@
 //! checkpoint, which then holds little but the files; a resume with `on_resume="reboot"` does it
 //! after the restore. The server then runs the template's start command again.
 
+use crate::config::Config;
+use crate::log::SandboxLog;
 use crate::reaper;
 use crate::rpc::RpcError;
-use crate::state::AgentState;
+use crate::watch::WatcherTable;
 use airlock_wire::logs::LogLevel;
 use airlock_wire::REBOOT_PATH;
 use axum::extract::State;
@@ -15,22 +17,40 @@ use axum::routing::post;
 use axum::Router;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long the processes get to be gone: SIGKILL is not refused, so this only bounds a stuck
 /// kernel.
 const END_WITHIN: Duration = Duration::from_secs(10);
 
-pub fn routes() -> Router<AgentState> {
-    Router::new().route(REBOOT_PATH, post(reboot))
+/// What a reboot forgets, whom it tells, and the log it writes to.
+#[derive(Clone)]
+struct Reboot {
+    config: Arc<Config>,
+    watchers: Arc<WatcherTable>,
+    log: Arc<SandboxLog>,
 }
 
-async fn reboot(State(agent): State<AgentState>) -> Result<StatusCode, RpcError> {
+pub fn routes(config: Arc<Config>, watchers: Arc<WatcherTable>, log: Arc<SandboxLog>) -> Router {
+    let state = Reboot {
+        config,
+        watchers,
+        log,
+    };
+    Router::new()
+        .route(REBOOT_PATH, post(reboot))
+        .with_state(state)
+}
+
+async fn reboot(State(kept): State<Reboot>) -> Result<StatusCode, RpcError> {
     let ended = tokio::task::spawn_blocking(end_every_other_process)
         .await
         .map_err(|e| RpcError::internal(format!("ending the processes: {e}")))??;
-    agent.forget_sessions();
-    agent.log.write(
+    // Forgets what the agent kept for the sandbox's processes, now that they have all ended.
+    kept.watchers.clear();
+    kept.config.rebooted();
+    kept.log.write(
         LogLevel::Info,
         format!("sandbox rebooted: {ended} processes ended, files kept"),
         [("event", "reboot".to_owned())],

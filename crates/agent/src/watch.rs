@@ -10,9 +10,9 @@
 //! events, so one upload reads as CREATE, CHMOD, WRITE however many chunks it was written in.
 //! A polling watcher buffers at most [`MAX_PENDING_EVENTS`]; past that the oldest are dropped.
 
+use crate::config::Config;
 use crate::fs::{entry_info, IdNames};
 use crate::rpc::{self, RpcError, RpcResult, StreamSender};
-use crate::state::AgentState;
 use airlock_wire::connect::{Code, ConnectError};
 use airlock_wire::envd::{
     Empty, EventType, FilesystemEvent, WatchDirResponse, WatchRequest, WatcherEvents, WatcherId,
@@ -55,7 +55,10 @@ const WATCH_MASK: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_MOVE_SELF)
     .union(AddWatchFlags::IN_ONLYDIR);
 
-pub fn routes() -> Router<AgentState> {
+/// The watch RPCs' state: the settings (whom a request runs as) and the polling watchers.
+type Watching = (Arc<Config>, Arc<WatcherTable>);
+
+pub fn routes(config: Arc<Config>, watchers: Arc<WatcherTable>) -> Router {
     Router::new()
         .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
         .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
@@ -64,6 +67,7 @@ pub fn routes() -> Router<AgentState> {
             post(get_watcher_events),
         )
         .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
+        .with_state((config, watchers))
 }
 
 /// The polling watchers, by id.
@@ -97,10 +101,14 @@ fn watcher_not_found(id: &str) -> RpcError {
 
 // ---------------------------------------------------------------- handlers
 
-async fn watch_dir(State(agent): State<AgentState>, headers: HeaderMap, body: Body) -> Response {
+async fn watch_dir(
+    State((config, _)): State<Watching>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let start = async {
         let req: WatchRequest = rpc::read_stream_request(body).await?;
-        let (fd, tree) = open_watch(&agent, &headers, &req).await?;
+        let (fd, tree) = open_watch(&config, &headers, &req).await?;
         let (tx, response) = rpc::stream_response();
         tokio::spawn(stream_events(
             fd,
@@ -114,12 +122,12 @@ async fn watch_dir(State(agent): State<AgentState>, headers: HeaderMap, body: Bo
 }
 
 async fn create_watcher(
-    State(agent): State<AgentState>,
+    State((config, table)): State<Watching>,
     headers: HeaderMap,
     body: Bytes,
 ) -> RpcResult<WatcherId> {
     let req: WatchRequest = rpc::parse_unary(&body)?;
-    let (fd, tree) = open_watch(&agent, &headers, &req).await?;
+    let (fd, tree) = open_watch(&config, &headers, &req).await?;
     let shared = Arc::new(Shared {
         fd,
         state: Mutex::new(PollState {
@@ -132,7 +140,6 @@ async fn create_watcher(
         _task: AbortOnDropHandle::new(tokio::spawn(pump(shared.clone()))),
         shared,
     });
-    let table = &agent.watchers;
     let id = format!("w-{}", table.next_id.fetch_add(1, Ordering::Relaxed) + 1);
     let mut watchers = table.watchers.lock().unwrap_or_else(|e| e.into_inner());
     if watchers.len() >= MAX_POLLING_WATCHERS {
@@ -146,20 +153,19 @@ async fn create_watcher(
 }
 
 async fn get_watcher_events(
-    State(agent): State<AgentState>,
+    State((_, table)): State<Watching>,
     body: Bytes,
 ) -> RpcResult<WatcherEvents> {
     let req: WatcherId = rpc::parse_unary(&body)?;
-    let watcher = agent.watchers.get(&req.watcher_id)?;
+    let watcher = table.get(&req.watcher_id)?;
     // Pick up what the kernel has queued right now, so a poll straight after a change sees it.
     let events = watcher.shared.take_events()?;
     Ok(Json(WatcherEvents { events }))
 }
 
-async fn remove_watcher(State(agent): State<AgentState>, body: Bytes) -> RpcResult<Empty> {
+async fn remove_watcher(State((_, table)): State<Watching>, body: Bytes) -> RpcResult<Empty> {
     let req: WatcherId = rpc::parse_unary(&body)?;
-    let removed = agent
-        .watchers
+    let removed = table
         .watchers
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -172,11 +178,11 @@ async fn remove_watcher(State(agent): State<AgentState>, body: Bytes) -> RpcResu
 
 /// Validates the request's directory and starts watching it.
 async fn open_watch(
-    agent: &AgentState,
+    config: &Config,
     headers: &HeaderMap,
     req: &WatchRequest,
 ) -> Result<(AsyncFd<InotifyFd>, Tree), RpcError> {
-    let root = agent.rpc_user(headers)?.resolve(&req.path)?;
+    let root = config.rpc_user(headers)?.resolve(&req.path)?;
     let shown = root.display().to_string();
     match tokio::fs::metadata(&root).await {
         Ok(md) if md.is_dir() => {}
@@ -602,7 +608,6 @@ fn event_name(rel: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Agent;
     use airlock_wire::connect::Decoder;
     use axum::http::{Request, StatusCode};
     use futures::StreamExt;
@@ -691,7 +696,7 @@ mod tests {
     #[tokio::test]
     async fn polling_watcher_sees_nested_changes() {
         let tmp = tempfile::tempdir().unwrap();
-        let app = routes().with_state(Agent::new());
+        let app = routes(Arc::default(), Arc::default());
         let path = tmp.path().to_string_lossy();
 
         let (status, _) = unary(
@@ -742,7 +747,7 @@ mod tests {
     #[tokio::test]
     async fn watch_dir_streams_start_then_events() {
         let tmp = tempfile::tempdir().unwrap();
-        let app = routes().with_state(Agent::new());
+        let app = routes(Arc::default(), Arc::default());
         let request = airlock_wire::connect::encode_message(&json!({"path": tmp.path()}));
         let req = Request::post("/filesystem.Filesystem/WatchDir")
             .header("content-type", "application/connect+json")
