@@ -24,7 +24,7 @@
 #![no_main]
 
 use airlock_agent::config::Config;
-use airlock_agent::files;
+use airlock_agent::envd::files;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bytes::Bytes;

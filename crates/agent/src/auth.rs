@@ -3,7 +3,7 @@
 //!
 //! - `/health` (on both ports) needs nothing;
 //! - `/files` is let through to its handler, which takes the access token or a signed URL
-//!   (see `files.rs`);
+//!   (see `envd::files`);
 //! - the code interpreter's `/contexts` routes take the access token or the sandbox's traffic
 //!   token: the stock SDK sends only the latter there (and the access token only on
 //!   `/execute`), so it is what proves a caller on them. Running code needs the access token.

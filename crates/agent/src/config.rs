@@ -69,7 +69,7 @@ impl Config {
         self.identity.subscribe()
     }
 
-    /// Reboots (see `reboot`), as they happen.
+    /// Reboots (see `envd::control`), as they happen.
     pub fn watch_reboots(&self) -> tokio::sync::watch::Receiver<u64> {
         self.reboots.subscribe()
     }
@@ -95,7 +95,7 @@ impl Config {
         }
         // Held across the rename so concurrent inits cannot both count one change.
         let mut cfg = self.settings.write().unwrap_or_else(|e| e.into_inner());
-        let bound = crate::volumes::bind_all(&init.volume_mounts, &cfg.volume_mounts)?;
+        let bound = crate::pid1::volumes::bind_all(&init.volume_mounts, &cfg.volume_mounts)?;
         cfg.volume_mounts.extend(bound);
         let mut renamed = None;
         if let Some(name) = init.hostname {

@@ -8,11 +8,11 @@
 //! env vars, access token and (for a sandbox restored from a checkpoint) its own hostname.
 
 use crate::config::Config;
-use crate::log::SandboxLog;
-use crate::watch::WatcherTable;
-use crate::{
-    auth, caps, files, fs, idle, init, interpreter, log, oom, process, reaper, reboot, sudo, watch,
-};
+use crate::envd::filesystem::watch::{self, WatcherTable};
+use crate::envd::log::{self, SandboxLog};
+use crate::envd::{control, files, filesystem, init, process};
+use crate::pid1::{caps, oom, reaper};
+use crate::{auth, interpreter, sudo};
 use axum::Router;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,11 +24,10 @@ fn router(config: Arc<Config>, log: Arc<SandboxLog>) -> Router {
         .merge(init::routes(config.clone(), log.clone()))
         .merge(files::routes(config.clone()))
         .merge(process::routes(config.clone(), log.clone()))
-        .merge(fs::routes(config.clone()))
+        .merge(filesystem::routes(config.clone()))
         .merge(watch::routes(config.clone(), watchers.clone()))
         .merge(log::routes(log.clone()))
-        .merge(reboot::routes(config.clone(), watchers, log))
-        .merge(idle::routes());
+        .merge(control::routes(config.clone(), watchers, log));
     auth::guard(routes, config, auth::Port::Envd)
 }
 

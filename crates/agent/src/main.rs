@@ -3,7 +3,8 @@
 //! sandbox (an image may have nothing else to run them with); otherwise it is the daemon inside
 //! every Airlock sandbox (see `daemon`).
 
-use airlock_agent::{daemon, layer, provision, sudo};
+use airlock_agent::tools::{provision, unpack_layer};
+use airlock_agent::{daemon, sudo};
 
 fn main() {
     // Templates link /usr/bin/sudo to this binary (see `sudo`).
@@ -15,7 +16,7 @@ fn main() {
     // Tools the build runs inside a build sandbox, with this same static binary: an image may
     // have nothing else to run them with.
     let tool = match args.first().map(String::as_str) {
-        Some("unpack-layer") => Some(layer::main(&args[1..])),
+        Some("unpack-layer") => Some(unpack_layer::main(&args[1..])),
         Some("provision") => Some(provision::main(&args[1..])),
         _ => None,
     };

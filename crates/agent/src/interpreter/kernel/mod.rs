@@ -203,7 +203,7 @@ impl Kernel {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        crate::rlimits::cap_processes(&mut cmd);
+        crate::pid1::rlimits::cap_processes(&mut cmd);
         let mut child = tokio::process::Command::from(cmd)
             .spawn()
             .map_err(|source| KernelError::Spawn {
@@ -217,8 +217,8 @@ impl Kernel {
             status: "already reaped".into(),
             stderr: String::new(),
         })? as i32;
-        crate::reaper::track(pid as u32);
-        crate::idle::quiet(pid);
+        crate::pid1::reaper::track(pid as u32);
+        crate::pid1::idle::quiet(pid);
         let group = GroupGuard(pid);
 
         let stderr_tail = Arc::new(Mutex::new(Vec::<u8>::new()));

@@ -11,8 +11,8 @@
 
 use crate::auth;
 use crate::config::Config;
-use crate::fs::ensure_dirs;
-use crate::metadata::{self, Metadata};
+use crate::envd::filesystem::ensure_dirs;
+use crate::envd::filesystem::metadata::{self, Metadata};
 use crate::rpc::RpcError;
 use crate::users::User;
 use airlock_wire::envd::UploadedEntry;

@@ -1,3 +1,6 @@
+//! The server's own controls of a sandbox: a reboot that keeps the files ([`REBOOT_PATH`]), and
+//! whether the sandbox may be frozen ([`IDLE_PATH`], by `pid1::idle`'s rule).
+//!
 //! A reboot that keeps the files: every process of the sandbox but the agent ends, and the agent
 //! forgets what it kept for them (watchers, code contexts and their kernels), so what is left is
 //! the file system and an agent as after a boot. A filesystem-only pause does this before its
@@ -5,16 +8,16 @@
 //! after the restore. The server then runs the template's start command again.
 
 use crate::config::Config;
-use crate::log::SandboxLog;
-use crate::reaper;
+use crate::envd::filesystem::watch::WatcherTable;
+use crate::envd::log::SandboxLog;
+use crate::pid1::{idle, reaper};
 use crate::rpc::RpcError;
-use crate::watch::WatcherTable;
 use airlock_wire::logs::LogLevel;
-use airlock_wire::REBOOT_PATH;
+use airlock_wire::{IdleReport, IDLE_PATH, REBOOT_PATH};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
-use axum::Router;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::sync::Arc;
@@ -41,6 +44,7 @@ pub fn routes(config: Arc<Config>, watchers: Arc<WatcherTable>, log: Arc<Sandbox
     Router::new()
         .route(REBOOT_PATH, post(reboot))
         .with_state(state)
+        .route(IDLE_PATH, get(idle))
 }
 
 async fn reboot(State(kept): State<Reboot>) -> Result<StatusCode, RpcError> {
@@ -56,6 +60,14 @@ async fn reboot(State(kept): State<Reboot>) -> Result<StatusCode, RpcError> {
         [("event", "reboot".to_owned())],
     );
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn idle() -> Json<IdleReport> {
+    let busy = tokio::task::spawn_blocking(idle::busy_process)
+        .await
+        .ok()
+        .flatten();
+    Json(IdleReport { busy })
 }
 
 /// SIGKILLs every process but this one until none is left; returns how many there were.

@@ -3,7 +3,7 @@
 //! sandbox restored from a checkpoint) its own hostname.
 
 use crate::config::Config;
-use crate::log::SandboxLog;
+use crate::envd::log::SandboxLog;
 use crate::rpc::RpcError;
 use airlock_wire::envd::InitRequest;
 use airlock_wire::logs::LogLevel;

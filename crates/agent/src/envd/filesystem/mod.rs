@@ -3,8 +3,11 @@
 //! Everything runs as the agent (root inside the sandbox); the request's user only decides how
 //! paths resolve and who owns what gets created. Entries are described the way envd describes
 //! them (Go `FileMode` strings, permission bits only in `mode`), because the SDK's tests assert
-//! those exact values. The entry builder and [`ensure_dirs`] are shared with `watch.rs` and
-//! `files.rs`.
+//! those exact values. The entry builder and [`ensure_dirs`] are shared with `watch` and
+//! `envd::files`.
+
+pub mod metadata;
+pub mod watch;
 
 use crate::config::Config;
 use crate::rpc::{self, RpcError, RpcResult};
@@ -309,7 +312,7 @@ fn build_entry(path: &Path, md: &Metadata, names: &IdNames) -> EntryInfo {
         )
         .map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
         symlink_target,
-        metadata: crate::metadata::read(path),
+        metadata: crate::envd::filesystem::metadata::read(path),
         is_symlink: ft.is_symlink(),
     }
 }

@@ -5,9 +5,9 @@
 //! affects the process. Only a `Connect-Timeout-Ms` deadline on Start or a SendSignal ends it.
 
 use crate::config::Config;
-use crate::log::SandboxLog;
+use crate::envd::log::SandboxLog;
+use crate::pid1::spawn;
 use crate::rpc::{self, RpcError, RpcResult, StreamSender};
-use crate::spawn;
 use crate::users::User;
 use airlock_wire::connect::{Code, ConnectError};
 use airlock_wire::envd::{
@@ -286,7 +286,7 @@ fn spawn(
     };
     let child = spawn::spawn(&spec).map_err(|e| spawn_error(&config.cmd, &e))?;
     let pid = child.pid;
-    crate::reaper::track(pid);
+    crate::pid1::reaper::track(pid);
     let (input, pty_master, pumps) = match child.terminal {
         Some(master) => {
             let reader = tokio::fs::File::from_std(std::fs::File::from(
