@@ -8,7 +8,7 @@
 //! env vars, access token and (for a sandbox restored from a checkpoint) its own hostname.
 
 use crate::config::Config;
-use crate::envd::filesystem::watch::{self, WatcherTable};
+use crate::envd::filesystem::watch::WatcherTable;
 use crate::envd::log::{self, SandboxLog};
 use crate::envd::{control, files, filesystem, init, process};
 use crate::pid1::{caps, oom, reaper};
@@ -24,8 +24,7 @@ fn router(config: Arc<Config>, log: Arc<SandboxLog>) -> Router {
         .merge(init::routes(config.clone(), log.clone()))
         .merge(files::routes(config.clone()))
         .merge(process::routes(config.clone(), log.clone()))
-        .merge(filesystem::routes(config.clone()))
-        .merge(watch::routes(config.clone(), watchers.clone()))
+        .merge(filesystem::routes(config.clone(), watchers.clone()))
         .merge(log::routes(log.clone()))
         .merge(control::routes(config.clone(), watchers, log));
     auth::guard(routes, config, auth::Port::Envd)

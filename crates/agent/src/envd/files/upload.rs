@@ -8,7 +8,7 @@
 use super::admit::{admit, FilesQuery};
 use super::error::{is_no_space, FilesError};
 use crate::config::Config;
-use crate::envd::filesystem::ensure_dirs;
+use crate::envd::filesystem::entry::ensure_dirs;
 use crate::envd::filesystem::metadata::{self, Metadata};
 use crate::users::User;
 use airlock_wire::envd::UploadedEntry;

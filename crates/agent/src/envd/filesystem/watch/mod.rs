@@ -11,7 +11,7 @@
 //! A polling watcher buffers at most [`MAX_PENDING_EVENTS`]; past that the oldest are dropped.
 
 use crate::config::Config;
-use crate::envd::filesystem::{entry_info, IdNames};
+use crate::envd::filesystem::entry::{entry_info, IdNames};
 use crate::rpc::{self, RpcError, RpcResult, StreamSender};
 use airlock_wire::connect::{Code, ConnectError};
 use airlock_wire::envd::{
