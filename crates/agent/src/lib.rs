@@ -2,8 +2,10 @@
 //! fuzz targets under `fuzz/` drive the same code (the `/files` upload parser, the Connect
 //! request reader) without a sandbox.
 //!
-//! The leaves (`config`, `auth`, `rpc`, `users` and `pid1`) import no service; the services
-//! (`envd`'s, `interpreter`, `sudo`) import leaves; only `daemon` knows them all.
+//! Who imports whom: the leaves (`config`, `auth`, `rpc`, `users` and `pid1`) import no service.
+//! The services (`envd`'s, `interpreter`, `sudo`) import leaves, and the piece of another they
+//! share (`envd::log`, `envd::filesystem`'s entries and watcher table), never back. Only `daemon`
+//! knows them all, and nothing but `main` imports it.
 
 // The module docs were written for the binary, whose docs include private items.
 #![allow(rustdoc::private_intra_doc_links)]

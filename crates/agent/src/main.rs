@@ -1,7 +1,6 @@
 //! `airlock-agent`: one static binary, run four ways. Linked as `sudo` it is the sandbox's sudo
-//! client; `unpack-layer` and `provision` are tools a template build runs inside its build
-//! sandbox (an image may have nothing else to run them with); otherwise it is the daemon inside
-//! every Airlock sandbox (see `daemon`).
+//! client; `unpack-layer` and `provision` are tools a template build runs (see `tools`);
+//! otherwise it is the daemon inside every Airlock sandbox (see `daemon`).
 
 use airlock_agent::tools::{provision, unpack_layer};
 use airlock_agent::{daemon, sudo};

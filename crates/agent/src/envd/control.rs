@@ -44,7 +44,7 @@ pub fn routes(config: Arc<Config>, watchers: Arc<WatcherTable>, log: Arc<Sandbox
     Router::new()
         .route(REBOOT_PATH, post(reboot))
         .with_state(state)
-        .route(IDLE_PATH, get(idle))
+        .route(IDLE_PATH, get(report_idle))
 }
 
 async fn reboot(State(kept): State<Reboot>) -> Result<StatusCode, RpcError> {
@@ -62,7 +62,7 @@ async fn reboot(State(kept): State<Reboot>) -> Result<StatusCode, RpcError> {
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn idle() -> Json<IdleReport> {
+async fn report_idle() -> Json<IdleReport> {
     let busy = tokio::task::spawn_blocking(idle::busy_process)
         .await
         .ok()
