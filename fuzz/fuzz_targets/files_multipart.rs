@@ -23,8 +23,8 @@
 //! the bytes sent; no response names a file outside the scratch directory.
 #![no_main]
 
-use airlock_agent::files;
-use airlock_agent::state::Agent;
+use airlock_agent::config::Config;
+use airlock_agent::envd::files;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bytes::Bytes;
@@ -35,7 +35,7 @@ use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use tower::ServiceExt;
 
 struct Env {
@@ -81,7 +81,7 @@ fn env() -> &'static Env {
             .expect("the fuzzer's uid has no /etc/passwd entry");
         Env {
             runtime,
-            app: files::routes().with_state(Agent::new()),
+            app: files::routes(Arc::new(Config::default())),
             root,
             username,
             verbose: std::env::var_os("AIRLOCK_FUZZ_VERBOSE").is_some(),

@@ -3,18 +3,19 @@
 //!
 //! - `/health` (on both ports) needs nothing;
 //! - `/files` is let through to its handler, which takes the access token or a signed URL
-//!   (see `files.rs`);
+//!   (see `envd::files`);
 //! - the code interpreter's `/contexts` routes take the access token or the sandbox's traffic
 //!   token: the stock SDK sends only the latter there (and the access token only on
 //!   `/execute`), so it is what proves a caller on them. Running code needs the access token.
 //! - everything else needs the access token.
 
-use crate::state::{AgentState, SandboxConfig};
+use crate::config::{Config, SandboxConfig};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use std::sync::Arc;
 
 pub const UNAUTHORIZED_MESSAGE: &str =
     "unauthorized access, please provide a valid access token or method signing if supported";
@@ -80,16 +81,16 @@ pub fn unauthorized(message: &str) -> Response {
 
 /// Puts the layer in front of every path of `router` (its fallback included), so no route can
 /// be added that skips it.
-pub fn guard(router: Router, agent: AgentState, port: Port) -> Router {
-    router.layer(axum::middleware::from_fn_with_state((agent, port), check))
+pub fn guard(router: Router, config: Arc<Config>, port: Port) -> Router {
+    router.layer(axum::middleware::from_fn_with_state((config, port), check))
 }
 
 async fn check(
-    State((agent, port)): State<(AgentState, Port)>,
+    State((config, port)): State<(Arc<Config>, Port)>,
     req: Request,
     next: Next,
 ) -> Response {
-    if authorized(port, req.uri().path(), req.headers(), &agent.config()) {
+    if authorized(port, req.uri().path(), req.headers(), &config.current()) {
         next.run(req).await
     } else {
         unauthorized(UNAUTHORIZED_MESSAGE)

@@ -1,29 +1,22 @@
-//! The agent's modules as a library: `main.rs` is the daemon built from them, and the fuzz
-//! targets under `fuzz/` drive the same code (the `/files` upload parser, the Connect request
-//! reader) without a sandbox.
+//! The agent's modules as a library: `main.rs` runs the daemon or a tool built from them, and the
+//! fuzz targets under `fuzz/` drive the same code (the `/files` upload parser, the Connect
+//! request reader) without a sandbox.
+//!
+//! Who imports whom: the leaves (`config`, `auth`, `rpc`, `users` and `pid1`) import no service.
+//! The services (`envd`'s, `interpreter`, `sudo`) import leaves, and the piece of another they
+//! share (`envd::log`, `envd::filesystem`'s entries and watcher table), never back. Only `daemon`
+//! knows them all, and nothing but `main` imports it.
 
 // The module docs were written for the binary, whose docs include private items.
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod auth;
-pub mod caps;
-pub mod files;
-pub mod fs;
-pub mod idle;
+pub mod config;
+pub mod daemon;
+pub mod envd;
 pub mod interpreter;
-pub mod layer;
-pub mod log;
-pub mod metadata;
-pub mod oom;
-pub mod process;
-pub mod provision;
-pub mod reaper;
-pub mod reboot;
-pub mod rlimits;
+pub mod pid1;
 pub mod rpc;
-pub mod spawn;
-pub mod state;
 pub mod sudo;
+pub mod tools;
 pub mod users;
-pub mod volumes;
-pub mod watch;

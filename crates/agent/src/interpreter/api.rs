@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 type Shared = Arc<Interpreter>;
 
 pub fn router(interpreter: Shared) -> Router {
-    let agent = interpreter.agent.clone();
+    let config = interpreter.config.clone();
     let routes = Router::new()
         .route("/health", get(|| async { "OK" }))
         .route("/execute", post(execute))
@@ -32,7 +32,7 @@ pub fn router(interpreter: Shared) -> Router {
         .route("/contexts/{id}", delete(delete_context))
         .route("/contexts/{id}/restart", post(restart_context))
         .with_state(interpreter);
-    auth::guard(routes, agent, auth::Port::Interpreter)
+    auth::guard(routes, config, auth::Port::Interpreter)
 }
 
 impl IntoResponse for ApiError {
@@ -116,7 +116,7 @@ async fn start_execution(interp: Shared, body: &[u8]) -> Result<Body, ApiError> 
     if ctx.is_deleted() {
         return Err(ApiError::NotFound(format!("Context {} not found", ctx.id)));
     }
-    ctx.ensure_kernel(&mut slot, &interp.agent)
+    ctx.ensure_kernel(&mut slot, &interp.config)
         .await
         .map_err(|e| {
             ApiError::Internal(format!("Failed to start the {} kernel: {e}", ctx.language))
@@ -146,8 +146,8 @@ async fn run(
         out.send(&Event::EndOfExecution).await;
         return;
     };
-    let globals = interp.agent.config().env_vars;
-    let identity = interp.agent.identity();
+    let globals = interp.config.current().env_vars;
+    let identity = interp.config.identity();
     let end = kernel
         .execute(code, &globals, &per_run, identity, &mut out)
         .await;
@@ -176,7 +176,7 @@ async fn create_context(
     let language = normalize_language(req.language.as_deref());
     let ctx = interp.new_context(&language, req.cwd.as_deref())?;
     let mut slot = ctx.lock().await;
-    if let Err(e) = ctx.ensure_kernel(&mut slot, &interp.agent).await {
+    if let Err(e) = ctx.ensure_kernel(&mut slot, &interp.config).await {
         interp.remove(&ctx.id);
         return Err(ApiError::Internal(format!(
             "Failed to create the {language} context: {e}"
@@ -207,7 +207,7 @@ async fn restart_context(
     let ctx = interp
         .get(&id)
         .ok_or_else(|| ApiError::NotFound(format!("Context {id} not found")))?;
-    ctx.restart(&interp.agent)
+    ctx.restart(&interp.config)
         .await
         .map_err(|e| ApiError::Internal(format!("Failed to restart context {id}: {e}")))?;
     Ok(StatusCode::OK)
@@ -216,8 +216,8 @@ async fn restart_context(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::interpreter::kernelspec::Kernelspecs;
-    use crate::state::Agent;
     use airlock_wire::envd::InitRequest;
     use axum::http::Request;
     use tower::ServiceExt;
@@ -268,8 +268,8 @@ mod tests {
             r#"{"argv":["/nonexistent/python","{connection_file}"],"display_name":"x","language":"python"}"#,
         )
         .unwrap();
-        let agent = Agent::new();
-        agent
+        let config = Arc::new(Config::default());
+        config
             .apply_init(InitRequest {
                 access_token: Some("tok".into()),
                 default_user: Some("root".into()),
@@ -277,7 +277,7 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        let interp = Interpreter::new(agent, Kernelspecs::load(dir.path()));
+        let interp = Interpreter::new(config, Kernelspecs::load(dir.path()));
         (dir, interp)
     }
 
@@ -386,8 +386,8 @@ mod tests {
 #[cfg(test)]
 mod real_kernel_tests {
     use super::*;
+    use crate::config::Config;
     use crate::interpreter::kernelspec::Kernelspecs;
-    use crate::state::Agent;
     use airlock_wire::envd::InitRequest;
     use axum::http::Request;
     use serde_json::{json, Value};
@@ -418,8 +418,8 @@ mod real_kernel_tests {
     async fn real_kernel_round_trip() {
         let dir = std::env::var("AIRLOCK_TEST_KERNELS_DIR").expect("AIRLOCK_TEST_KERNELS_DIR");
         let specs = Kernelspecs::load(std::path::Path::new(&dir));
-        let agent = Agent::new();
-        agent
+        let config = Arc::new(Config::default());
+        config
             .apply_init(InitRequest {
                 env_vars: [("GLOBAL_V".to_string(), "g".to_string())].into(),
                 default_user: std::env::var("USER").ok().or(Some("root".into())),
@@ -427,7 +427,7 @@ mod real_kernel_tests {
                 ..Default::default()
             })
             .unwrap();
-        let app = router(Interpreter::new(agent, specs));
+        let app = router(Interpreter::new(config, specs));
 
         let events = execute(&app, run("x = 1 + 1; x")).await;
         assert_eq!(events[0]["type"], "number_of_executions");

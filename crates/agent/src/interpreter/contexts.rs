@@ -7,7 +7,7 @@
 
 use super::kernel::{Kernel, KernelError, KillReason, KillSwitch};
 use super::kernelspec::{Kernelspec, Kernelspecs};
-use crate::state::{Agent, AgentState};
+use crate::config::Config;
 use crate::users::User;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -86,31 +86,31 @@ impl Context {
     /// Makes sure the slot holds a live kernel, starting a fresh one if needed. A kernel that has
     /// not run user code yet is also replaced when the sandbox's default user changed since it
     /// started (the default contexts start before `/init` arrives).
-    pub async fn ensure_kernel(&self, slot: &mut Slot, agent: &Agent) -> Result<(), KernelError> {
+    pub async fn ensure_kernel(&self, slot: &mut Slot, config: &Config) -> Result<(), KernelError> {
         if self.is_deleted() {
             return Err(KernelError::Setup(format!(
                 "context {} was deleted",
                 self.id
             )));
         }
-        let config = agent.config();
+        let settings = config.current();
         let usable = slot
             .kernel
             .as_ref()
-            .is_some_and(|k| k.is_alive() && (k.runs > 0 || k.user == config.default_user));
+            .is_some_and(|k| k.is_alive() && (k.runs > 0 || k.user == settings.default_user));
         if usable {
             return Ok(());
         }
         *self.lock_switch() = None;
         slot.kernel = None;
         let user =
-            User::lookup(&config.default_user).map_err(|e| KernelError::Setup(e.0.message))?;
+            User::lookup(&settings.default_user).map_err(|e| KernelError::Setup(e.0.message))?;
         let kernel = Kernel::launch(
             &self.spec,
             &user,
             &self.cwd,
-            &config.env_vars,
-            agent.identity(),
+            &settings.env_vars,
+            config.identity(),
         )
         .await?;
         *self.lock_switch() = Some(kernel.switch());
@@ -142,9 +142,9 @@ impl Context {
     }
 
     /// Replaces the kernel with a fresh one (same id), clearing all state.
-    pub async fn restart(&self, agent: &Agent) -> Result<(), KernelError> {
+    pub async fn restart(&self, config: &Config) -> Result<(), KernelError> {
         let mut slot = self.stop(KillReason::Restarted).await;
-        self.ensure_kernel(&mut slot, agent).await
+        self.ensure_kernel(&mut slot, config).await
     }
 
     /// Shuts the kernel down for good.
@@ -173,7 +173,7 @@ pub enum ApiError {
 
 /// All contexts of the sandbox, in creation order.
 pub struct Interpreter {
-    pub agent: AgentState,
+    pub config: Arc<Config>,
     pub specs: Kernelspecs,
     registry: Mutex<Registry>,
 }
@@ -186,9 +186,9 @@ struct Registry {
 }
 
 impl Interpreter {
-    pub fn new(agent: AgentState, specs: Kernelspecs) -> Arc<Interpreter> {
+    pub fn new(config: Arc<Config>, specs: Kernelspecs) -> Arc<Interpreter> {
         Arc::new(Interpreter {
-            agent,
+            config,
             specs,
             registry: Mutex::default(),
         })
@@ -209,10 +209,10 @@ impl Interpreter {
             if language != PREWARMED {
                 continue;
             }
-            let agent = self.agent.clone();
+            let config = self.config.clone();
             tokio::spawn(async move {
                 let mut slot = ctx.lock().await;
-                if let Err(e) = ctx.ensure_kernel(&mut slot, &agent).await {
+                if let Err(e) = ctx.ensure_kernel(&mut slot, &config).await {
                     tracing::warn!("starting the default {} context: {e}", ctx.language);
                 }
             });
@@ -244,7 +244,7 @@ impl Interpreter {
     /// Where contexts run unless told otherwise: the sandbox's workdir, else the default user's
     /// home, else `/home/user`.
     fn default_cwd(&self) -> PathBuf {
-        let config = self.agent.config();
+        let config = self.config.current();
         if let Some(dir) = config.default_workdir.filter(|d| !d.is_empty()) {
             return PathBuf::from(dir);
         }
@@ -282,7 +282,7 @@ impl Interpreter {
         let spec = self.spec_for(language)?;
         let cwd = match cwd.filter(|c| !c.is_empty()) {
             None => self.default_cwd(),
-            Some(cwd) => match User::lookup(&self.agent.config().default_user) {
+            Some(cwd) => match User::lookup(&self.config.current().default_user) {
                 Ok(user) => user
                     .resolve(cwd)
                     .map_err(|e| ApiError::BadRequest(e.0.message))?,
@@ -352,7 +352,6 @@ impl Interpreter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Agent;
 
     fn interpreter() -> (tempfile::TempDir, Arc<Interpreter>) {
         let dir = tempfile::tempdir().unwrap();
@@ -368,14 +367,14 @@ mod tests {
         }
         let specs = Kernelspecs::load(dir.path());
         // Contexts default to the sandbox's workdir; point it at a directory that exists here.
-        let agent = Agent::new();
-        agent
+        let config = Arc::new(Config::default());
+        config
             .apply_init(airlock_wire::envd::InitRequest {
                 default_workdir: Some(dir.path().to_string_lossy().into_owned()),
                 ..Default::default()
             })
             .unwrap();
-        (dir, Interpreter::new(agent, specs))
+        (dir, Interpreter::new(config, specs))
     }
 
     #[test]

@@ -18,8 +18,9 @@ mod events;
 mod kernel;
 mod kernelspec;
 
-use crate::state::AgentState;
+use crate::config::Config;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// The port E2B's SDK sends Jupyter traffic to.
 pub const PORT: u16 = airlock_wire::CODE_INTERPRETER_PORT;
@@ -31,7 +32,7 @@ pub const PORT_ENV: &str = "AIRLOCK_INTERPRETER_PORT";
 /// interpreter is reachable too (a `run_code` straight after create must not find the port
 /// closed); returns at once when there are no kernels. Failing to listen is logged, not fatal:
 /// envd goes on without it.
-pub async fn start(agent: AgentState) {
+pub async fn start(config: Arc<Config>) {
     let specs = kernelspec::Kernelspecs::discover();
     if specs.is_empty() {
         tracing::info!("no Jupyter kernelspecs: the code interpreter is off");
@@ -50,9 +51,9 @@ pub async fn start(agent: AgentState) {
             return;
         }
     };
-    let mut identity = agent.watch_identity();
-    let mut reboots = agent.watch_reboots();
-    let interpreter = contexts::Interpreter::new(agent, specs);
+    let mut identity = config.watch_identity();
+    let mut reboots = config.watch_reboots();
+    let interpreter = contexts::Interpreter::new(config, specs);
     interpreter.start_defaults();
     let reseeding = interpreter.clone();
     tokio::spawn(async move {

@@ -2,8 +2,8 @@
 //!
 //! gVisor (as Debian ships it) ignores set-user-ID bits and reports `no_new_privs` for every
 //! process, so the real sudo can never become root. Airlock's templates therefore have
-//! `/usr/bin/sudo` linked to the agent binary (see [`crate::provision`]; a real sudo is moved
-//! aside to `/usr/bin/sudo.real`). Started as `sudo`, the agent binary is a client
+//! `/usr/bin/sudo` linked to the agent binary (see [`crate::tools::provision`]; a real sudo is
+//! moved aside to `/usr/bin/sudo.real`). Started as `sudo`, the agent binary is a client
 //! ([`client`]): it hands its command, environment, working directory and its stdin, stdout
 //! and stderr themselves over a Unix socket to the agent ([`server`]), which checks who is
 //! asking (credentials the kernel vouches for) against the sandbox's sudoers files

@@ -110,11 +110,11 @@ fn call(stream: &UnixStream) -> Result<Outcome, String> {
         .stderr(Stdio::from(stderr))
         .process_group(0);
     become_user(&mut command, &target);
-    crate::rlimits::cap_processes(&mut command);
+    crate::pid1::rlimits::cap_processes(&mut command);
     let mut child = command
         .spawn()
         .map_err(|e| format!("{}: {e}", request.command.first().map_or("shell", |c| c)))?;
-    crate::reaper::track(child.id());
+    crate::pid1::reaper::track(child.id());
     relay(stream, &mut child)
 }
 

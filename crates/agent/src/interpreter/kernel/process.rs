@@ -1,14 +1,12 @@
 //! A kernel's process and channels: its process group, connection file, ports, and the tasks
 //! that read its ZeroMQ channels. Each piece cleans up after itself when dropped.
 
-use super::{KernelError, KillReason};
 use crate::users::User;
 use jupyter_protocol::ConnectionInfo;
 use jupyter_zmq_client::{Connection, RawMessage};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
-use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -19,6 +17,15 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
+
+/// Why we killed a kernel, so the run it interrupts can say so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    Restarted,
+    Deleted,
+    /// It ignored interrupts after its client left.
+    Unresponsive,
+}
 
 /// Kills a kernel's process group from anywhere, e.g. a restart while a run holds the kernel.
 #[derive(Debug)]
@@ -205,20 +212,49 @@ impl Drop for PortLease {
     }
 }
 
-/// Five free loopback ports that no other kernel holds, with listeners keeping them until spawn.
-pub(super) async fn lease_ports(
-    ip: IpAddr,
-) -> Result<(Vec<u16>, Vec<tokio::net::TcpListener>, PortLease), KernelError> {
-    for _ in 0..20 {
-        let (ports, listeners) = jupyter_zmq_client::peek_ports_with_listeners(ip, 5).await?;
-        let mut leased = LEASED_PORTS.lock().unwrap_or_else(|e| e.into_inner());
-        if ports.iter().any(|p| leased.contains(p)) {
-            continue;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Bytes;
+
+    fn raw(header: Value, parent: Value, content: Value) -> RawMessage {
+        RawMessage {
+            zmq_identities: vec![],
+            jparts: vec![
+                Bytes::from(header.to_string()),
+                Bytes::from(parent.to_string()),
+                Bytes::from("{}"),
+                Bytes::from(content.to_string()),
+            ],
         }
-        leased.extend(&ports);
-        return Ok((ports.clone(), listeners, PortLease(ports)));
     }
-    Err(KernelError::Setup(
-        "no free loopback ports for the kernel".into(),
-    ))
+
+    #[test]
+    fn decodes_messages() {
+        let m = KernelMessage::decode(raw(
+            serde_json::json!({"msg_type": "stream", "msg_id": "b", "date": "2025-01-01T00:00:00Z"}),
+            serde_json::json!({"msg_id": "a"}),
+            serde_json::json!({"name": "stdout", "text": "hi"}),
+        ))
+        .unwrap();
+        assert_eq!(m.msg_type, "stream");
+        assert!(m.is_child_of("a"));
+        assert!(!m.is_child_of("b"));
+        assert_eq!(m.str("text"), Some("hi"));
+        assert_eq!(m.date.as_deref(), Some("2025-01-01T00:00:00Z"));
+
+        let orphan = KernelMessage::decode(raw(
+            serde_json::json!({"msg_type": "status"}),
+            serde_json::json!({}),
+            serde_json::json!({"execution_state": "starting"}),
+        ))
+        .unwrap();
+        assert_eq!(orphan.parent_id, None);
+        assert!(KernelMessage::decode(raw(
+            serde_json::json!({}),
+            serde_json::json!({}),
+            serde_json::json!({})
+        ))
+        .is_err());
+    }
 }

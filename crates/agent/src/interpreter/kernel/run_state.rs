@@ -1,7 +1,7 @@
 //! What one execution has seen of the kernel's messages, and the events it sends for them.
 
-use super::events::{self, Event, Output, ResultEvent, StreamName};
 use super::process::KernelMessage;
+use crate::interpreter::events::{self, Event, Output, ResultEvent, StreamName};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
@@ -73,5 +73,63 @@ impl RunState {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+
+    #[tokio::test]
+    async fn run_state_maps_messages() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut out = Output::new(tx);
+        let mut run = RunState::default();
+        let msg = |t: &str, content: Value| KernelMessage {
+            msg_type: t.into(),
+            parent_id: Some("x".into()),
+            date: None,
+            content,
+        };
+        run.on_iopub(
+            msg("execute_input", serde_json::json!({"execution_count": 2})),
+            &mut out,
+        )
+        .await;
+        run.on_iopub(
+            msg(
+                "error",
+                serde_json::json!({"ename": "E", "evalue": "v", "traceback": ["a", "b"]}),
+            ),
+            &mut out,
+        )
+        .await;
+        run.on_iopub(
+            msg("status", serde_json::json!({"execution_state": "idle"})),
+            &mut out,
+        )
+        .await;
+        run.on_reply(
+            msg(
+                "execute_reply",
+                serde_json::json!({"status": "error", "execution_count": 2, "ename": "E", "evalue": "v", "traceback": []}),
+            ),
+            &mut out,
+        )
+        .await;
+        drop(out);
+        let mut lines = Vec::new();
+        while let Some(l) = rx.recv().await {
+            lines.push(String::from_utf8(l.to_vec()).unwrap());
+        }
+        assert_eq!(
+            lines,
+            vec![
+                "{\"type\":\"number_of_executions\",\"execution_count\":2}\n",
+                "{\"type\":\"error\",\"name\":\"E\",\"value\":\"v\",\"traceback\":\"a\\nb\"}\n",
+            ]
+        );
+        assert!(run.replied && run.idle_at.is_some());
     }
 }

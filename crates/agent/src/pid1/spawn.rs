@@ -15,7 +15,7 @@
 //! The child ends up as std's `Command` left it (tested against it below): stdio on 0-2, no
 //! supplementary groups, the user's uid and gid, the cwd, its own process group (or session
 //! with a controlling terminal), an empty signal mask with `SIGPIPE` at its default, the process
-//! cap of [`crate::rlimits`], and the program found as `execvp` finds it in the child's `PATH`.
+//! cap of [`crate::pid1::rlimits`], and the program found as `execvp` finds it in the child's `PATH`.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -281,7 +281,7 @@ unsafe fn prepare_and_exec(plan: &ChildPlan) -> c_int {
     }
     let mut empty: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut empty);
-    if libc::setrlimit(libc::RLIMIT_NPROC, &crate::rlimits::PROCESS_CAP) < 0
+    if libc::setrlimit(libc::RLIMIT_NPROC, &crate::pid1::rlimits::PROCESS_CAP) < 0
         || libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0
     {
         return errno();
@@ -440,7 +440,7 @@ mod tests {
             .envs(&spec.env)
             .uid(spec.uid)
             .gid(spec.gid);
-        crate::rlimits::cap_processes(&mut cmd);
+        crate::pid1::rlimits::cap_processes(&mut cmd);
         cmd
     }
 

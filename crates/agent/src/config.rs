@@ -1,15 +1,12 @@
-//! The agent's shared state: what `/init` configured, and the live processes and watchers.
+//! The settings every service reads: what `/init` configured, and the sandbox's identity and
+//! reboots as they change. Services import it; it imports none of them.
 
-use crate::log::SandboxLog;
-use crate::process::ProcessTable;
 use crate::rpc::RpcError;
 use crate::users::{self, User};
-use crate::watch::WatcherTable;
 use airlock_wire::envd::InitRequest;
-use airlock_wire::logs::LogLevel;
 use axum::http::HeaderMap;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 /// Settings the server pushes with `POST /init`.
 #[derive(Debug, Clone)]
@@ -37,11 +34,10 @@ impl Default for SandboxConfig {
     }
 }
 
-pub struct Agent {
-    config: RwLock<SandboxConfig>,
-    pub processes: ProcessTable,
-    pub watchers: WatcherTable,
-    pub log: SandboxLog,
+/// What every service shares: the settings, and the channels that announce a new identity and
+/// a reboot.
+pub struct Config {
+    settings: RwLock<SandboxConfig>,
     /// Bumped each time `/init` renames the sandbox: a restored checkpoint becoming a sandbox of
     /// its own. State copied from the checkpoint (kernels' random generators) is renewed when it
     /// lags behind.
@@ -52,69 +48,64 @@ pub struct Agent {
     reboots: tokio::sync::watch::Sender<u64>,
 }
 
-pub type AgentState = Arc<Agent>;
-
-impl Agent {
-    pub fn new() -> AgentState {
-        Arc::new(Agent {
-            config: RwLock::new(SandboxConfig::default()),
-            processes: ProcessTable::default(),
-            watchers: WatcherTable::default(),
-            log: SandboxLog::default(),
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            settings: RwLock::new(SandboxConfig::default()),
             identity: tokio::sync::watch::Sender::new(0),
             reboots: tokio::sync::watch::Sender::new(0),
-        })
+        }
     }
+}
 
+impl Config {
     /// The current identity generation.
     pub fn identity(&self) -> u64 {
         *self.identity.borrow()
     }
 
-    /// Changes of [`Agent::identity`].
+    /// Changes of [`Config::identity`].
     pub fn watch_identity(&self) -> tokio::sync::watch::Receiver<u64> {
         self.identity.subscribe()
     }
 
-    /// Reboots (see `reboot`), as they happen.
+    /// Reboots (see `envd::control`), as they happen.
     pub fn watch_reboots(&self) -> tokio::sync::watch::Receiver<u64> {
         self.reboots.subscribe()
     }
 
-    /// Forgets what the agent kept for the sandbox's processes, once they have all ended.
-    pub fn forget_sessions(&self) {
-        self.watchers.clear();
+    /// Tells the reboots' watchers that every process of the sandbox has ended.
+    pub fn rebooted(&self) {
         self.reboots.send_modify(|count| *count += 1);
     }
 
-    pub fn config(&self) -> SandboxConfig {
-        self.config
+    /// The settings as they are now.
+    pub fn current(&self) -> SandboxConfig {
+        self.settings
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
     /// Applies `/init`; an invalid hostname rejects the whole request, before anything changes.
-    pub fn apply_init(&self, init: InitRequest) -> Result<(), RpcError> {
+    /// Returns the sandbox's new name when it took one (a new identity).
+    pub fn apply_init(&self, init: InitRequest) -> Result<Option<String>, RpcError> {
         if let Some(name) = &init.hostname {
             check_hostname(name)?;
         }
         // Held across the rename so concurrent inits cannot both count one change.
-        let mut cfg = self.config.write().unwrap_or_else(|e| e.into_inner());
-        let bound = crate::volumes::bind_all(&init.volume_mounts, &cfg.volume_mounts)?;
+        let mut cfg = self.settings.write().unwrap_or_else(|e| e.into_inner());
+        let bound = crate::pid1::volumes::bind_all(&init.volume_mounts, &cfg.volume_mounts)?;
         cfg.volume_mounts.extend(bound);
-        if let Some(name) = &init.hostname {
+        let mut renamed = None;
+        if let Some(name) = init.hostname {
             let current = nix::unistd::gethostname()
                 .map_err(|e| RpcError::internal(format!("reading the hostname: {e}")))?;
             if current != name.as_str() {
-                nix::unistd::sethostname(name)
+                nix::unistd::sethostname(&name)
                     .map_err(|e| RpcError::internal(format!("setting the hostname: {e}")))?;
                 self.identity.send_modify(|generation| *generation += 1);
-                self.log.write(
-                    LogLevel::Info,
-                    format!("sandbox {name} started"),
-                    [("sandbox", name.clone())],
-                );
+                renamed = Some(name);
             }
         }
         cfg.env_vars = init.env_vars;
@@ -130,14 +121,14 @@ impl Agent {
         if init.default_workdir.is_some() {
             cfg.default_workdir = init.default_workdir;
         }
-        Ok(())
+        Ok(renamed)
     }
 
     /// The user an RPC runs as: from Basic auth, else the sandbox default.
     pub fn rpc_user(&self, headers: &HeaderMap) -> Result<User, RpcError> {
         match users::from_basic_auth(headers)? {
             Some(name) => User::lookup(&name),
-            None => User::lookup(&self.config().default_user),
+            None => User::lookup(&self.current().default_user),
         }
     }
 
@@ -145,7 +136,7 @@ impl Agent {
     pub fn named_user(&self, name: Option<&str>) -> Result<User, RpcError> {
         match name.filter(|n| !n.is_empty()) {
             Some(name) => User::lookup(name),
-            None => User::lookup(&self.config().default_user),
+            None => User::lookup(&self.current().default_user),
         }
     }
 }
@@ -182,8 +173,8 @@ mod tests {
 
     #[test]
     fn an_invalid_hostname_changes_nothing() {
-        let agent = Agent::new();
-        let err = agent
+        let config = Config::default();
+        let err = config
             .apply_init(InitRequest {
                 access_token: Some("tok".into()),
                 hostname: Some("Not_Valid".into()),
@@ -191,8 +182,8 @@ mod tests {
             })
             .unwrap_err();
         assert_eq!(err.0.code, airlock_wire::connect::Code::InvalidArgument);
-        assert_eq!(agent.config().access_token, None);
-        assert_eq!(agent.identity(), 0);
+        assert_eq!(config.current().access_token, None);
+        assert_eq!(config.identity(), 0);
     }
 
     #[test]
@@ -202,13 +193,13 @@ mod tests {
         let Some(current) = current.to_str().filter(|n| check_hostname(n).is_ok()) else {
             return;
         };
-        let agent = Agent::new();
-        agent
+        let config = Config::default();
+        let renamed = config
             .apply_init(InitRequest {
                 hostname: Some(current.to_owned()),
                 ..Default::default()
             })
             .unwrap();
-        assert_eq!(agent.identity(), 0);
+        assert_eq!((renamed, config.identity()), (None, 0));
     }
 }

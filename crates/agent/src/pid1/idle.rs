@@ -8,20 +8,12 @@
 //! timers that outlive the cell that started them are frozen with it, and go on at the next
 //! request.
 
-use crate::reaper;
-use crate::state::AgentState;
-use airlock_wire::{IdleReport, IDLE_PATH};
-use axum::routing::get;
-use axum::{Json, Router};
+use crate::pid1::reaper;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 /// Processes of the agent's own that wait only for requests (the kernels).
 static QUIET: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
-
-pub fn routes() -> Router<AgentState> {
-    Router::new().route(IDLE_PATH, get(idle))
-}
 
 /// Marks `pid`, a process the agent started that waits only for requests, as not keeping the
 /// sandbox awake.
@@ -33,16 +25,8 @@ fn quiet_pids() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
     QUIET.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn idle() -> Json<IdleReport> {
-    let busy = tokio::task::spawn_blocking(busy_process)
-        .await
-        .ok()
-        .flatten();
-    Json(IdleReport { busy })
-}
-
 /// A live process that keeps the sandbox awake, as `"pid name"`.
-fn busy_process() -> Option<String> {
+pub fn busy_process() -> Option<String> {
     let pids = reaper::pids();
     let mut quiet = quiet_pids();
     quiet.retain(|pid| pids.contains(pid));

@@ -2,23 +2,22 @@
 //! and the lines a template's start command writes. Kept in memory, so it is part of every
 //! checkpoint, and handed whole to the server at [`LOGS_PATH`].
 
-use crate::state::AgentState;
 use airlock_wire::logs::{LogEntry, LogLevel, LOGS_PATH};
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Bytes of messages and fields kept; the oldest entries go first beyond it.
 const MAX_BYTES: usize = 1 << 20;
 
-pub fn routes() -> Router<AgentState> {
-    Router::new().route(LOGS_PATH, get(read))
+pub fn routes(log: Arc<SandboxLog>) -> Router {
+    Router::new().route(LOGS_PATH, get(read)).with_state(log)
 }
 
-async fn read(State(agent): State<AgentState>) -> Json<Vec<LogEntry>> {
-    Json(agent.log.entries())
+async fn read(State(log): State<Arc<SandboxLog>>) -> Json<Vec<LogEntry>> {
+    Json(log.entries())
 }
 
 #[derive(Default)]
