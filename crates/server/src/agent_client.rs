@@ -16,7 +16,6 @@ use axum::body::Body;
 use axum::body::Bytes;
 use axum::http::Method;
 use base64::Engine;
-use http_body_util::BodyExt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -255,32 +254,32 @@ impl HttpAgentClient {
         let mut events = ProcessEvents::new(resp.into_body());
         let (mut stdout, mut stderr) = (LineBuffer::default(), LineBuffer::default());
         while let Some(event) = events.next().await.map_err(worded)? {
-        match event {
-            ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => stdout
-                .push(&d, &mut |text| {
-                    output(OutputLine {
-                        text,
-                        stderr: false,
-                    })
-                }),
-            ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
-                stderr.push(&d, &mut |text| output(OutputLine { text, stderr: true }))
+            match event {
+                ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => stdout
+                    .push(&d, &mut |text| {
+                        output(OutputLine {
+                            text,
+                            stderr: false,
+                        })
+                    }),
+                ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
+                    stderr.push(&d, &mut |text| output(OutputLine { text, stderr: true }))
+                }
+                ProcessEvent::End(end) => {
+                    stdout.flush(&mut |text| {
+                        output(OutputLine {
+                            text,
+                            stderr: false,
+                        })
+                    });
+                    stderr.flush(&mut |text| output(OutputLine { text, stderr: true }));
+                    return match end.error {
+                        Some(error) if !end.exited => Err(error),
+                        _ => Ok(end.exit_code),
+                    };
+                }
+                ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
             }
-            ProcessEvent::End(end) => {
-                stdout.flush(&mut |text| {
-                    output(OutputLine {
-                        text,
-                        stderr: false,
-                    })
-                });
-                stderr.flush(&mut |text| output(OutputLine { text, stderr: true }));
-                return match end.error {
-                    Some(error) if !end.exited => Err(error),
-                    _ => Ok(end.exit_code),
-                };
-            }
-            ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
-        }
         }
         Err("the output stream ended before the command did".into())
     }

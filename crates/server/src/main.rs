@@ -489,9 +489,7 @@ async fn run(cli: Cli) -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Template(cmd) => match cmd.into_job() {
-            cli::TemplateJob::Build(build) => {
-                cli::template_build(client(), build).await
-            }
+            cli::TemplateJob::Build(build) => cli::template_build(client(), build).await,
             cli::TemplateJob::List { json } => {
                 data_dir(&cli.data_dir, cli.templates_dir.as_deref())
                     .and_then(|data| cli::template_ls(&data, json))

@@ -43,7 +43,9 @@ pub fn router(sources: Sources) -> Router {
     registry.register_collector(Box::new(DiskCollector(sources.dirs)));
     Router::new()
         .route("/metrics", get(scrape))
-        .fallback(|| async { crate::http::error::ApiError::not_found("no such route; try /metrics") })
+        .fallback(|| async {
+            crate::http::error::ApiError::not_found("no such route; try /metrics")
+        })
         .with_state(Arc::new(registry))
 }
 

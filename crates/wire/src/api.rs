@@ -29,7 +29,11 @@ pub struct NewSandbox {
     pub auto_pause_memory: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_resume: Option<AutoResume>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "allow_internet_access")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "allow_internet_access"
+    )]
     pub allow_internet_access: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
@@ -39,7 +43,11 @@ pub struct NewSandbox {
     pub cpu_count: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "memoryMB")]
     pub memory_mb: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "diskSizeMB")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "diskSizeMB"
+    )]
     pub disk_size_mb: Option<u32>,
     /// The caller's volumes to mount, by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -89,4 +89,3 @@ mod tests {
         assert!(is_static_executable(not_elf.path()).is_err());
     }
 }
-

@@ -61,7 +61,6 @@ pub struct ServeOptions {
     pub on_exit: OnExit,
 }
 
-
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
@@ -327,4 +326,3 @@ fn loopback_url(listen: SocketAddr) -> String {
     };
     format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
-

@@ -108,32 +108,32 @@ pub async fn shell(client: &Client, id: &str, user: &str) -> Result<ExitCode, Cl
 
 /// Copies the process's output to ours until it ends; its exit code is ours.
 async fn relay(mut process: Process) -> Result<ExitCode, CliError> {
-        let mut exit: Option<i32> = None;
-        while let Some(event) = process.next_event().await? {
-            match event {
-                ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => {
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(&d);
-                    let _ = out.flush();
-                }
-                ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
-                    let _ = std::io::stderr().write_all(&d);
-                }
-                ProcessEvent::End(end) => {
-                    if end.exit_code < 0 {
-                        eprintln!("airlock: command ended: {}", crate::term::cell(&end.status));
-                    }
-                    exit = Some(end.exit_code);
-                }
-                ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
+    let mut exit: Option<i32> = None;
+    while let Some(event) = process.next_event().await? {
+        match event {
+            ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&d);
+                let _ = out.flush();
             }
+            ProcessEvent::Data(ProcessOutput::Stderr(d)) => {
+                let _ = std::io::stderr().write_all(&d);
+            }
+            ProcessEvent::End(end) => {
+                if end.exit_code < 0 {
+                    eprintln!("airlock: command ended: {}", crate::term::cell(&end.status));
+                }
+                exit = Some(end.exit_code);
+            }
+            ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
         }
-        match exit {
-            Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
-            None => Err(CliError::Failed(
-                "the command ended without an exit status".into(),
-            )),
-        }
+    }
+    match exit {
+        Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
+        None => Err(CliError::Failed(
+            "the command ended without an exit status".into(),
+        )),
+    }
 }
 
 /// This terminal's size (80x24 when standard output is not one).

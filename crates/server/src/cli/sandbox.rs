@@ -5,8 +5,7 @@ use super::{parse_pair, print_table, CliError};
 use crate::client::{parse, percent_encode, Client, ClientError};
 use crate::term;
 use airlock_wire::api::{
-    NewSandbox, PauseBody, SandboxDetail, SandboxLogsV2, SnapshotInfo, SnapshotRequest,
-    TimeoutBody,
+    NewSandbox, PauseBody, SandboxDetail, SandboxLogsV2, SnapshotInfo, SnapshotRequest, TimeoutBody,
 };
 use clap::Subcommand;
 use std::collections::BTreeMap;
@@ -230,9 +229,11 @@ pub async fn sandbox(cmd: SandboxCommand, client: Client) -> Result<ExitCode, Cl
         SandboxCommand::Shell { id, user } => {
             return super::process::shell(&client, &id, &user).await
         }
-        SandboxCommand::Cp { src, dst, user } => crate::client::files::copy(&client, &src, &dst, &user)
-            .await
-            .map(|what| println!("{what}"))?,
+        SandboxCommand::Cp { src, dst, user } => {
+            crate::client::files::copy(&client, &src, &dst, &user)
+                .await
+                .map(|what| println!("{what}"))?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -113,7 +113,12 @@ impl Client {
         self.call_with(method, path, Body::from(body)).await
     }
 
-    async fn call_with(&self, method: &str, path: &str, body: Body) -> Result<Vec<u8>, ClientError> {
+    async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Body,
+    ) -> Result<Vec<u8>, ClientError> {
         let req = self
             .request(method, path)
             .header("content-type", "application/json")
@@ -142,7 +147,8 @@ impl Client {
 
 /// A server's JSON answer.
 pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(answer: &'a [u8]) -> Result<T, ClientError> {
-    serde_json::from_slice(answer).map_err(|e| ClientError::Failed(format!("unexpected answer: {e}")))
+    serde_json::from_slice(answer)
+        .map_err(|e| ClientError::Failed(format!("unexpected answer: {e}")))
 }
 
 /// `text` percent-encoded for a URL's query.

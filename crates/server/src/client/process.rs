@@ -60,7 +60,11 @@ impl Rpc {
     }
 
     /// A unary `process.Process` call.
-    pub(crate) async fn call(&self, method: &str, message: &impl serde::Serialize) -> Result<(), ClientError> {
+    pub(crate) async fn call(
+        &self,
+        method: &str,
+        message: &impl serde::Serialize,
+    ) -> Result<(), ClientError> {
         self.unary(&format!("/process.Process/{method}"), message)
             .await
             .map(drop)
@@ -99,7 +103,8 @@ pub(crate) struct Process {
 
 impl Process {
     pub(crate) async fn start(rpc: Rpc, start: &StartRequest) -> Result<Process, ClientError> {
-        let message = serde_json::to_value(start).map_err(|e| ClientError::Failed(e.to_string()))?;
+        let message =
+            serde_json::to_value(start).map_err(|e| ClientError::Failed(e.to_string()))?;
         let req = rpc
             .request("/process.Process/Start", connect::STREAM_CONTENT_TYPE)
             .body(Body::from(connect::encode_message(&message)))

@@ -74,7 +74,12 @@ impl Packed {
     }
 }
 
-fn pack(context: &Path, src: &str, dest: &str, mode: tar::HeaderMode) -> Result<Packed, ContextError> {
+fn pack(
+    context: &Path,
+    src: &str,
+    dest: &str,
+    mode: tar::HeaderMode,
+) -> Result<Packed, ContextError> {
     let failed = |e: std::io::Error| ContextError(format!("COPY {src}: {e}"));
     let base = copy_base(src)?;
     through_no_link(context, &base).map_err(|link| {

@@ -40,7 +40,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/sandboxes/{id}/pause", post(snapshots::pause))
         .route("/sandboxes/{id}/resume", post(snapshots::resume))
-        .route("/sandboxes/{id}/snapshots", post(snapshots::create_snapshot))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(snapshots::create_snapshot),
+        )
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/snapshots", get(snapshots::list_snapshots))
         .route("/sandboxes/{id}/logs", get(logs::logs_v1))
@@ -79,10 +82,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/templates/tags", post(tags::assign).delete(tags::remove))
         .route("/templates/{id}/tags", get(tags::list))
         .route("/volumes", post(volumes::create).get(volumes::list))
-        .route(
-            "/volumes/{id}",
-            get(volumes::info).delete(volumes::destroy),
-        )
+        .route("/volumes/{id}", get(volumes::info).delete(volumes::destroy))
         .route_layer(axum::middleware::from_fn_with_state(
             state,
             auth::require_api_key,

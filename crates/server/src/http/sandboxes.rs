@@ -206,7 +206,10 @@ fn network_body(r: &SandboxRecord) -> NetworkConfig {
     }
 }
 
-pub(crate) async fn detail(State(state): State<AppState>, Owned { record, .. }: Owned) -> Json<SandboxDetail> {
+pub(crate) async fn detail(
+    State(state): State<AppState>,
+    Owned { record, .. }: Owned,
+) -> Json<SandboxDetail> {
     Json(detail_body(&state, &record, true))
 }
 

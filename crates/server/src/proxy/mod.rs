@@ -85,7 +85,6 @@ fn attachment(given: Option<&header::HeaderValue>) -> header::HeaderValue {
         .unwrap_or_else(|| header::HeaderValue::from_static("attachment"))
 }
 
-
 /// Middleware in front of the API: sandbox traffic is forwarded, everything else passes on.
 pub async fn route_sandbox_traffic(
     State(state): State<AppState>,
@@ -127,20 +126,21 @@ pub async fn route_sandbox_traffic(
                 confine(answer, Shown::AsIs)
             }
         }
-        Some(Target::SignedFiles) => match signed_urls::signer_of(&state, req.method(), req.uri()).await {
-            Some(sandbox) => confine(
-                forward(&state, sandbox, ENVD_PORT, req).await,
-                Shown::AsDownload,
-            ),
-            None => crate::http::error::ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "the signature matches no running sandbox",
-            )
-            .into_response(),
-        },
+        Some(Target::SignedFiles) => {
+            match signed_urls::signer_of(&state, req.method(), req.uri()).await {
+                Some(sandbox) => confine(
+                    forward(&state, sandbox, ENVD_PORT, req).await,
+                    Shown::AsDownload,
+                ),
+                None => crate::http::error::ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "the signature matches no running sandbox",
+                )
+                .into_response(),
+            }
+        }
     }
 }
-
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -174,7 +174,8 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
     parts.uri = match format!("http://{agent}:{port}{path}").parse() {
         Ok(uri) => uri,
         Err(_) => {
-            return crate::http::error::ApiError::bad_request("malformed request path").into_response()
+            return crate::http::error::ApiError::bad_request("malformed request path")
+                .into_response()
         }
     };
     for name in HOP_BY_HOP {
@@ -252,5 +253,4 @@ mod tests {
         assert_eq!(attachment(Some(&value("inline"))), "attachment");
         assert_eq!(attachment(None), "attachment");
     }
-
 }

@@ -13,7 +13,11 @@ use std::sync::Arc;
 /// puts no sandbox id in such a URL, so the first request for a signature checks it against
 /// each running sandbox's token, one hash each (the method fixes the operation), and remembers
 /// the answer: requests for that URL after it are found in O(1).
-pub(crate) async fn signer_of(state: &AppState, method: &Method, uri: &Uri) -> Option<Arc<Sandbox>> {
+pub(crate) async fn signer_of(
+    state: &AppState,
+    method: &Method,
+    uri: &Uri,
+) -> Option<Arc<Sandbox>> {
     let operation = match *method {
         Method::GET | Method::HEAD => FileOperation::Read,
         Method::POST => FileOperation::Write,

@@ -154,5 +154,4 @@ mod tests {
         let health: Uri = "/health".parse().unwrap();
         assert_eq!(classify(&headers(&[]), &health), None);
     }
-
 }

@@ -2,11 +2,11 @@
 //! build (of `name`, or `name:tag`), start it with its steps, follow its status and logs,
 //! cancel it.
 
+use crate::dockerfile::steps::step;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, JsonBody};
 use crate::http::templates::{find_owned, owned, owned_build};
 use crate::AppState;
-use crate::dockerfile::steps::step;
 use airlock_core::build::image::ImageSource;
 use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, BUILDS_KEPT};
 use airlock_core::driver::Resources;

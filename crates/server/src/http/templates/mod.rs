@@ -15,7 +15,6 @@ use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::store::{BuildRecord, UserTemplate};
 
-
 /// The caller's template `id` (its id or alias), if it has one.
 pub(crate) fn find_owned(
     state: &AppState,

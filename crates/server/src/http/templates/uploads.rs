@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
 
-
 /// COPY's upload link: whether the server has the files of `hash` for this template, and if
 /// not, a one-time URL on this server to PUT them to (the SDK sends no API key with it).
 pub(crate) async fn file_upload_link(
