@@ -3,17 +3,19 @@
 # registry (Debian's `docker-registry`, the CNCF distribution registry) and real OCI tools to
 # make images and push them to it (`umoci`, `skopeo`), `htpasswd` (apache2-utils) for a registry
 # that needs credentials, musl's compiler for an image with no glibc in it, and a headless
-# Chromium that drives the web dashboard. Safe to run again: it only installs what is missing.
+# Chromium that drives the web dashboard, and PostgreSQL (Debian's server, run by
+# scripts/postgres.sh in a directory of its own) for the store's PostgreSQL tests. Safe to run again: it only installs what is missing.
 set -euo pipefail
 
 missing=()
-for pkg in docker-registry skopeo umoci musl-tools apache2-utils chromium; do
+for pkg in docker-registry skopeo umoci musl-tools apache2-utils chromium postgresql; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "airlock: installing ${missing[*]} (for the tests)"
   apt-get update -qq
-  # The package would start a registry service on :5000; the tests start their own.
+  # The packages would start a registry on :5000 and PostgreSQL's own cluster; the tests
+  # start their own.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT

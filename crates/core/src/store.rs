@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 mod builds;
+pub mod migrations;
 mod snapshots;
 mod tags;
 mod volumes;
@@ -27,6 +28,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("creating the database file")]
     Create(#[source] std::io::Error),
+    #[error("bringing the database's schema up to date")]
+    Migrate(#[source] refinery::Error),
 }
 
 /// Whether a sandbox runs or sits on disk as a checkpoint image.
@@ -193,39 +196,6 @@ pub struct Store {
     conn: Mutex<Connection>,
 }
 
-const SANDBOXES_TABLE: &str = "
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    template TEXT NOT NULL,
-    rootfs TEXT NOT NULL,
-    state TEXT NOT NULL,
-    slot INTEGER UNIQUE,
-    access_token TEXT,
-    metadata TEXT NOT NULL,
-    env_vars TEXT NOT NULL,
-    started_at INTEGER NOT NULL,
-    end_at INTEGER NOT NULL,
-    cpu_count INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    disk_mb INTEGER NOT NULL,
-    pause_on_timeout INTEGER NOT NULL,
-    auto_resume INTEGER NOT NULL
-);";
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS templates (
-    name TEXT PRIMARY KEY,
-    content_hash TEXT NOT NULL,
-    rootfs TEXT NOT NULL,
-    built_at INTEGER NOT NULL,
-    size_bytes INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS api_keys (
-    sha256 TEXT PRIMARY KEY,
-    created_at INTEGER NOT NULL
-);
-";
-
 impl Store {
     /// Opens the database at `path`, creating it (mode 0600: it holds every sandbox's tokens)
     /// if missing. SQLite gives its `-wal` and `-shm` files the same mode.
@@ -239,43 +209,11 @@ impl Store {
                 .open(path)
                 .map_err(StoreError::Create)?;
         }
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         // WAL lets the CLI read while the server writes; the busy timeout covers short overlaps.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrate_sandboxes_v1(&conn)?;
-        snapshots::migrate_v1(&conn)?;
-        conn.execute_batch(SANDBOXES_TABLE)?;
-        conn.execute_batch(snapshots::TABLE)?;
-        conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(builds::SCHEMA)?;
-        conn.execute_batch(tags::SCHEMA)?;
-        conn.execute_batch(volumes::SCHEMA)?;
-        for (table, column) in [
-            ("sandboxes", "owner TEXT"),
-            ("sandboxes", "egress TEXT NOT NULL DEFAULT '{}'"),
-            ("sandboxes", "traffic_access_token TEXT"),
-            (
-                "sandboxes",
-                "require_traffic_token INTEGER NOT NULL DEFAULT 0",
-            ),
-            ("api_keys", "name TEXT NOT NULL DEFAULT ''"),
-            ("api_keys", "revoked_at INTEGER"),
-            ("api_keys", "max_running INTEGER"),
-            ("api_keys", "max_paused INTEGER"),
-            ("api_keys", "max_snapshot_mb INTEGER"),
-            ("snapshots", "size_bytes INTEGER NOT NULL DEFAULT 0"),
-            ("sandboxes", "timeout_pause TEXT NOT NULL DEFAULT 'full'"),
-            ("sandboxes", "pause_mode TEXT"),
-            ("templates", "layers TEXT NOT NULL DEFAULT '[]'"),
-            ("templates", "defaults TEXT"),
-            ("template_builds", "tags TEXT NOT NULL DEFAULT '[]'"),
-            ("sandboxes", "volume_mounts TEXT NOT NULL DEFAULT '[]'"),
-            ("snapshots", "volume_mounts TEXT NOT NULL DEFAULT '[]'"),
-        ] {
-            add_column_if_missing(&conn, table, column)?;
-        }
-        tags::migrate_untagged_records(&conn)?;
+        migrations::migrate(&mut conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -615,60 +553,6 @@ const KEY_ID_LEN: usize = 12;
 /// A key's public id: the first 12 hex digits of its SHA-256.
 pub fn key_id(sha256_hex: &str) -> String {
     sha256_hex.chars().take(KEY_ID_LEN).collect()
-}
-
-/// Adds a column that databases from earlier versions lack (`column` is its definition).
-fn add_column_if_missing(conn: &Connection, table: &str, column: &str) -> Result<(), StoreError> {
-    let name = column.split_whitespace().next().unwrap_or(column);
-    let present = conn
-        .query_row(
-            &format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"),
-            params![name],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some();
-    if !present {
-        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))?;
-    }
-    Ok(())
-}
-
-/// Databases from before pause/resume have a `sandboxes` table without `state`, `rootfs` and
-/// the lifecycle flags, and with a `NOT NULL` slot. Their rows are running sandboxes: they are
-/// carried over with their template's rootfs.
-fn migrate_sandboxes_v1(conn: &Connection) -> Result<(), StoreError> {
-    let has_table: bool = conn
-        .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'",
-            [],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some();
-    let has_state: bool = conn
-        .query_row(
-            "SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'state'",
-            [],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some();
-    if !has_table || has_state {
-        return Ok(());
-    }
-    conn.execute_batch(&format!(
-        "BEGIN;
-         ALTER TABLE sandboxes RENAME TO sandboxes_v1;
-         {SANDBOXES_TABLE}
-         INSERT INTO sandboxes SELECT s.id, s.template, COALESCE(t.rootfs, ''), 'running', s.slot,
-             s.access_token, s.metadata, s.env_vars, s.started_at, s.end_at, s.cpu_count,
-             s.memory_mb, s.disk_mb, 0, 0
-             FROM sandboxes_v1 s LEFT JOIN templates t ON t.name = s.template;
-         DROP TABLE sandboxes_v1;
-         COMMIT;"
-    ))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,42 +12,6 @@ use crate::template::KNOWN_TEMPLATES;
 use rusqlite::{params, OptionalExtension, Row};
 use std::path::{Path, PathBuf};
 
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS user_templates (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    alias TEXT NOT NULL,
-    public INTEGER NOT NULL,
-    cpu_count INTEGER,
-    memory_mb INTEGER,
-    created_at INTEGER NOT NULL,
-    UNIQUE (owner, alias)
-);
-CREATE TABLE IF NOT EXISTS template_builds (
-    id TEXT PRIMARY KEY,
-    template_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    reason TEXT,
-    reason_step TEXT,
-    created_at INTEGER NOT NULL,
-    finished_at INTEGER
-);
-CREATE TABLE IF NOT EXISTS build_logs (
-    build_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL,
-    level TEXT NOT NULL,
-    step TEXT,
-    message TEXT NOT NULL,
-    PRIMARY KEY (build_id, seq)
-);
-CREATE TABLE IF NOT EXISTS build_layers (
-    path TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    bytes INTEGER NOT NULL
-);
-";
-
 /// A template an API key builds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserTemplate {

@@ -1,8 +1,8 @@
 //! Snapshots: saved states of sandboxes that new sandboxes start from, each its key's own.
 
-use super::{add_column_if_missing, Store, StoreError, VolumeMount};
+use super::{Store, StoreError, VolumeMount};
 use crate::ids::{SandboxId, TemplateName};
-use rusqlite::{params, Connection};
+use rusqlite::params;
 use std::path::PathBuf;
 
 /// A saved state of a sandbox that new sandboxes can start from (E2B's snapshots). Each belongs
@@ -28,20 +28,6 @@ pub struct SnapshotRecord {
     /// The source's volumes: the image holds where they are bound, not their files.
     pub volume_mounts: Vec<VolumeMount>,
 }
-
-/// Snapshot names are unique per owner, not globally: two keys may both have a `ready`.
-pub(super) const TABLE: &str = "
-CREATE TABLE IF NOT EXISTS snapshots (
-    owner TEXT NOT NULL,
-    id TEXT NOT NULL,
-    image TEXT NOT NULL UNIQUE,
-    template TEXT NOT NULL,
-    rootfs TEXT NOT NULL,
-    source_sandbox TEXT NOT NULL,
-    access_token TEXT,
-    created_at INTEGER NOT NULL,
-    PRIMARY KEY (owner, id)
-);";
 
 impl Store {
     /// Records a snapshot, replacing its owner's snapshot of the same name (never another
@@ -121,35 +107,10 @@ impl Store {
     }
 }
 
-/// Databases from before snapshots were owned have one global namespace of snapshot names, and
-/// rows without an owner. Those rows keep their names, under the empty owner no key has.
-pub(super) fn migrate_v1(conn: &Connection) -> Result<(), StoreError> {
-    let key_columns: i64 = conn.query_row(
-        "SELECT COUNT(*) FROM pragma_table_info('snapshots') WHERE pk > 0",
-        [],
-        |r| r.get(0),
-    )?;
-    if key_columns != 1 {
-        return Ok(()); // no table yet, or already keyed by (owner, id)
-    }
-    add_column_if_missing(conn, "snapshots", "owner TEXT")?;
-    conn.execute_batch(&format!(
-        "BEGIN;
-         ALTER TABLE snapshots RENAME TO snapshots_v1;
-         {TABLE}
-         INSERT INTO snapshots (owner, id, image, template, rootfs, source_sandbox, access_token,
-             created_at)
-             SELECT COALESCE(owner, ''), id, image, template, rootfs, source_sandbox,
-             access_token, created_at FROM snapshots_v1;
-         DROP TABLE snapshots_v1;
-         COMMIT;"
-    ))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
 
     #[test]
     fn snapshots_round_trip() {

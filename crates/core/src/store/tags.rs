@@ -9,21 +9,11 @@
 
 use super::{Store, StoreError, TemplateRecord};
 use crate::ids::TemplateName;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 use std::collections::HashSet;
 
 /// The tag a name without one means, and the one a build gets when it asks for none.
 pub const DEFAULT_TAG: &str = "default";
-
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS template_tags (
-    template_id TEXT NOT NULL,
-    tag TEXT NOT NULL,
-    build_id TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    PRIMARY KEY (template_id, tag)
-);
-";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateTag {
@@ -157,55 +147,6 @@ impl Store {
             )
             .optional()?)
     }
-}
-
-/// Databases from before tags recorded a user template's one built rootfs under the template's
-/// id. It moves to its newest ready build's id, with the `default` tag, and the sandboxes and
-/// snapshots made from it follow.
-pub(super) fn migrate_untagged_records(conn: &Connection) -> Result<(), StoreError> {
-    let legacy: Vec<String> = {
-        let mut stmt = conn
-            .prepare("SELECT name FROM templates WHERE name IN (SELECT id FROM user_templates)")?;
-        let rows = stmt.query_map([], |row| row.get(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
-    for template in legacy {
-        let newest_ready: Option<String> = conn
-            .query_row(
-                "SELECT id FROM template_builds WHERE template_id = ?1 AND status = 'ready'
-                 ORDER BY created_at DESC, rowid DESC LIMIT 1",
-                params![template],
-                |row| row.get(0),
-            )
-            .optional()?;
-        // Its builds were forgotten: it gets a build record (E2B's SDK reads build ids as UUIDs).
-        let build = newest_ready.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let now = chrono::Utc::now().timestamp();
-        conn.execute_batch("BEGIN")?;
-        let moved = (|| -> rusqlite::Result<()> {
-            conn.execute(
-                "INSERT OR IGNORE INTO template_builds (id, template_id, status, created_at,
-                   finished_at) VALUES (?1, ?2, 'ready', ?3, ?3)",
-                params![build, template, now],
-            )?;
-            for sql in [
-                "UPDATE OR REPLACE templates SET name = ?2 WHERE name = ?1",
-                "UPDATE sandboxes SET template = ?2 WHERE template = ?1",
-                "UPDATE snapshots SET template = ?2 WHERE template = ?1",
-            ] {
-                conn.execute(sql, params![template, build])?;
-            }
-            conn.execute(
-                "INSERT OR IGNORE INTO template_tags (template_id, tag, build_id, created_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![template, DEFAULT_TAG, build, now],
-            )?;
-            Ok(())
-        })();
-        conn.execute_batch(if moved.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
-        moved?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -380,8 +321,13 @@ mod tests {
             template(&store, "t1", "k1", "app");
             build(&store, "t1", "b1", &[], true);
             build(&store, "t1", "b2", &[], false);
-            // As builds were recorded before tags: under the template's id.
+            // As builds were recorded before tags (and so before versioned migrations): under
+            // the template's id.
             store.conn().execute("DELETE FROM templates", []).unwrap();
+            store
+                .conn()
+                .execute("DROP TABLE refinery_schema_history", [])
+                .unwrap();
             record(&store, "t1");
             template(&store, "t2", "k1", "lost");
             record(&store, "t2"); // its builds were forgotten

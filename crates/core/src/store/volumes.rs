@@ -6,18 +6,6 @@
 use super::{Store, StoreError};
 use rusqlite::{params, OptionalExtension, Row};
 
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS volumes (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    name TEXT NOT NULL,
-    token TEXT NOT NULL,
-    size_limit_mb INTEGER NOT NULL,
-    created_at INTEGER NOT NULL,
-    UNIQUE (owner, name)
-);
-";
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRecord {
     pub id: String,
