@@ -134,6 +134,8 @@ pub struct ApiKeyRecord {
     pub created_at: i64,
     pub revoked_at: Option<i64>,
     pub limits: KeyLimits,
+    /// Also reads the nodes' admin routes (`airlock key create --operator`).
+    pub operator: bool,
 }
 
 /// What one API key may hold; each limit left out is the server's default.
@@ -499,12 +501,35 @@ impl Store {
             .map(|()| key_id(sha256_hex)))
     }
 
+    /// Makes the key with this SHA-256 an operator's.
+    pub fn grant_operator(&self, sha256_hex: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE api_keys SET operator = 1 WHERE sha256 = ?1",
+            params![sha256_hex],
+        )?;
+        Ok(())
+    }
+
+    /// Whether the live key with this id is an operator's.
+    pub fn is_operator(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM api_keys WHERE substr(sha256, 1, 12) = ?1 AND revoked_at IS NULL
+                 AND operator = 1",
+                params![id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
     /// Every key, revoked ones included, oldest first.
     pub fn api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT sha256, name, created_at, revoked_at, max_running, max_paused,
-             max_snapshot_mb FROM api_keys ORDER BY created_at, sha256",
+             max_snapshot_mb, operator FROM api_keys ORDER BY created_at, sha256",
         )?;
         let rows = stmt.query_map([], |row| {
             Ok(ApiKeyRecord {
@@ -517,6 +542,7 @@ impl Store {
                     max_paused: row.get(5)?,
                     max_snapshot_mb: row.get::<_, Option<i64>>(6)?.map(|mb| mb.max(0) as u64),
                 },
+                operator: row.get::<_, i64>(7)? != 0,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -718,6 +744,10 @@ mod tests {
         );
         assert_eq!(store.api_key_id("ffff").unwrap(), None);
         assert_eq!(store.api_keys().unwrap()[0].name, "ci");
+        assert!(!store.is_operator("0123456789ab").unwrap());
+        store.grant_operator(h).unwrap();
+        assert!(store.is_operator("0123456789ab").unwrap());
+        assert!(store.api_keys().unwrap()[0].operator);
         assert!(!store.revoke_api_key("nothex", 2).unwrap());
         assert!(store.revoke_api_key("0123456789ab", 2).unwrap());
         assert!(
@@ -731,6 +761,10 @@ mod tests {
         );
         assert_eq!(store.api_key_count().unwrap(), 0);
         assert_eq!(store.api_keys().unwrap()[0].revoked_at, Some(2));
+        assert!(
+            !store.is_operator("0123456789ab").unwrap(),
+            "a revoked operator key reads no node"
+        );
     }
 
     #[test]

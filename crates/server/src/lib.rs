@@ -37,6 +37,8 @@ pub struct AppStateInner {
     pub verbs: Arc<http::verbs::Verbs>,
     /// The data dir, whose disk's headroom the dashboard shows.
     pub data_dir: std::path::PathBuf,
+    /// `--node-name`: this machine as `GET /nodes` and sandboxes' `clientID` name it.
+    pub node_name: String,
 }
 
 pub type AppState = Arc<AppStateInner>;

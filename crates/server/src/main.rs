@@ -209,6 +209,10 @@ enum Command {
         /// it, the SDK would send its own traffic to https://49983-{id}.{DOMAIN}.
         #[arg(long, value_name = "DOMAIN", value_parser = parse_domain)]
         domain: Option<String>,
+        /// This machine's name as a node: operators' `GET /nodes` lists it, and sandboxes
+        /// report it as their `clientID` [default: the host's name].
+        #[arg(long, value_name = "NAME", value_parser = parse_node_name, env = "AIRLOCK_NODE_NAME")]
+        node_name: Option<String>,
         /// MiB each new volume may hold (E2B's `Volume.create`). Writes through the volume
         /// content API that would take a volume past it are refused with 507.
         #[arg(long, default_value_t = 1024, env = "AIRLOCK_VOLUME_SIZE_MB")]
@@ -255,6 +259,9 @@ enum Command {
     /// Create, list and revoke API keys (works on the data dir; no server needed).
     #[command(subcommand)]
     Key(cli::KeyCommand),
+    /// The machines that run sandboxes (an operator's key only): ls.
+    #[command(subcommand)]
+    Node(cli::NodeCommand),
     /// Run code in a fresh sandbox's code interpreter and print the results. Images (charts)
     /// are saved to files whose paths are printed. Exits 1 if the code raised an error.
     Run {
@@ -317,6 +324,30 @@ enum Command {
 }
 
 /// A host name, with a port if need be (`localhost:3000`, `sandbox.example.com`).
+/// A node's name: what a DNS label may be (it may name the node in URLs and logs).
+fn parse_node_name(text: &str) -> Result<String, String> {
+    let label = text.len() <= 63
+        && !text.is_empty()
+        && !text.starts_with('-')
+        && !text.ends_with('-')
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if label {
+        Ok(text.to_ascii_lowercase())
+    } else {
+        Err(format!(
+            "'{text}' is not a node name: 1-63 letters, digits and inner hyphens"
+        ))
+    }
+}
+
+/// The host's name as a node name, or `local` if it is not one.
+fn host_node_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| parse_node_name(&name.to_string_lossy()).ok())
+        .unwrap_or_else(|| "local".into())
+}
+
 fn parse_domain(text: &str) -> Result<String, String> {
     let (host, port) = text.split_once(':').unwrap_or((text, "0"));
     let valid_host = !host.is_empty()
@@ -398,6 +429,7 @@ async fn run(cli: Cli) -> ExitCode {
             prepare_only,
             stop_sandboxes_on_exit,
             domain,
+            node_name,
         } => boot::serve(boot::ServeOptions {
             listen,
             metrics_listen,
@@ -417,6 +449,7 @@ async fn run(cli: Cli) -> ExitCode {
             insecure_open_network,
             prepare_only,
             domain,
+            node_name: node_name.unwrap_or_else(host_node_name),
             on_exit: if stop_sandboxes_on_exit {
                 OnExit::StopSandboxes
             } else {
@@ -450,6 +483,7 @@ async fn run(cli: Cli) -> ExitCode {
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
+        Command::Node(cmd) => cli::node(cmd, client()).await,
         Command::Install {
             listen,
             metrics_listen,

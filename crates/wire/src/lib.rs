@@ -10,6 +10,7 @@ pub mod egress;
 pub mod envd;
 pub mod json;
 pub mod logs;
+pub mod nodes;
 pub mod signed_url;
 pub mod templates;
 pub mod volumes;

@@ -154,7 +154,7 @@ fn upgrade_to_baseline(conn: &mut Connection) -> Result<(), StoreError> {
 /// Before tags, a user template's one built rootfs was recorded under the template's id. It
 /// moves to its newest ready build's id, with the `default` tag, and the sandboxes and snapshots
 /// made from it follow.
-fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreError> {
+pub(super) fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreError> {
     let legacy: Vec<String> = {
         let mut stmt = conn
             .prepare("SELECT name FROM templates WHERE name IN (SELECT id FROM user_templates)")?;

@@ -57,6 +57,8 @@ pub struct ServeOptions {
     pub prepare_only: bool,
     /// What sandboxes' ports are named under, for the SDK's `get_host`.
     pub domain: Option<String>,
+    /// This machine as `GET /nodes` and sandboxes' `clientID` name it.
+    pub node_name: String,
     /// What a stop does to running sandboxes.
     pub on_exit: OnExit,
 }
@@ -169,6 +171,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let state: AppState = Arc::new(AppStateInner {
         verbs: verbs.clone(),
         data_dir: data.root().to_owned(),
+        node_name: opts.node_name,
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
         volumes: volumes.clone(),

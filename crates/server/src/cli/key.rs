@@ -25,8 +25,13 @@ pub enum KeyCommand {
         /// --key-max-snapshot-mb].
         #[arg(long)]
         max_snapshot_mb: Option<u64>,
+        /// The operator's key: it may also read the nodes (`GET /nodes`, `airlock node ls`),
+        /// which show every tenant's load. Tenants' keys never should be.
+        #[arg(long)]
+        operator: bool,
     },
-    /// List API keys: id (the first 12 hex digits of the key's SHA-256), name, dates.
+    /// List API keys: id (the first 12 hex digits of the key's SHA-256), name, dates, role
+    /// (operator or tenant) and limits.
     Ls {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -49,6 +54,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             max_running,
             max_paused,
             max_snapshot_mb,
+            operator,
         } => {
             let key = new_api_key();
             let hash = hash_key(&key);
@@ -60,6 +66,9 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             store
                 .add_api_key_hash(&hash, &name, now, limits)
                 .map_err(failed)?;
+            if operator {
+                store.grant_operator(&hash).map_err(failed)?;
+            }
             println!("{key}");
             eprintln!(
                 "key id {} (store the key now: it is not shown again)",
@@ -67,7 +76,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             );
         }
         KeyCommand::Ls { json } => {
-            let rows: Vec<[String; 5]> = store
+            let rows: Vec<[String; 6]> = store
                 .api_keys()
                 .map_err(failed)?
                 .into_iter()
@@ -76,12 +85,17 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
                         k.id,
                         k.name,
                         rfc3339(k.created_at),
+                        if k.operator { "operator" } else { "tenant" }.into(),
                         limits_column(&k.limits),
                         k.revoked_at.map(rfc3339).unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect();
-            print_rows(json, &["ID", "NAME", "CREATED", "LIMITS", "REVOKED"], &rows);
+            print_rows(
+                json,
+                &["ID", "NAME", "CREATED", "ROLE", "LIMITS", "REVOKED"],
+                &rows,
+            );
         }
         KeyCommand::Revoke { id } => {
             if !store.revoke_api_key(&id, now).map_err(failed)? {

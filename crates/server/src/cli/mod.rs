@@ -3,12 +3,14 @@
 //! the local data dir.
 
 mod key;
+mod node;
 mod process;
 mod run;
 mod sandbox;
 mod template;
 
 pub use key::{key, KeyCommand};
+pub use node::{node, NodeCommand};
 pub use run::{run, RunOptions};
 pub use sandbox::{sandbox, SandboxCommand};
 pub use template::{template_build, template_cancel, template_ls, TemplateCommand, TemplateJob};

@@ -54,6 +54,29 @@ impl FromRequestParts<AppState> for Owned {
     }
 }
 
+/// A caller whose key is an operator's (`airlock key create --operator`): the nodes' admin
+/// routes show every tenant's load, so any other key gets 403.
+pub struct Operator;
+
+impl FromRequestParts<AppState> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
+        if state.store.is_operator(&caller.0)? {
+            return Ok(Operator);
+        }
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "this route is the operator's: it needs a key made with \
+             `airlock key create --operator`",
+        ))
+    }
+}
+
 pub(crate) async fn require_api_key(
     State(state): State<AppState>,
     mut req: Request,

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 mod logs;
 mod metrics;
+mod nodes;
 pub mod sandboxes;
 mod snapshots;
 pub mod templates;
@@ -48,6 +49,8 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/snapshots", get(snapshots::list_snapshots))
         .route("/sandboxes/{id}/logs", get(logs::logs_v1))
         .route("/v2/sandboxes/{id}/logs", get(logs::logs_v2))
+        .route("/nodes", get(nodes::list))
+        .route("/nodes/{node}", get(nodes::detail))
         .route("/sandboxes/metrics", get(metrics::latest))
         .route("/sandboxes/{id}/metrics", get(metrics::range))
         .route("/v3/templates", post(builds::request_build))

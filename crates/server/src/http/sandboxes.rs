@@ -133,7 +133,7 @@ pub(crate) fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
     Sandbox {
         template_id,
         sandbox_id: r.id.to_string(),
-        client_id: "airlock".into(),
+        client_id: state.node_name.clone(),
         alias: Some(alias),
         envd_version: ENVD_VERSION.into(),
         envd_access_token: r.access_token.clone(),
@@ -153,7 +153,7 @@ pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool)
     SandboxDetail {
         template_id,
         sandbox_id: r.id.to_string(),
-        client_id: "airlock".into(),
+        client_id: state.node_name.clone(),
         alias: Some(alias),
         started_at: rfc3339(r.started_at),
         end_at: rfc3339(r.end_at),

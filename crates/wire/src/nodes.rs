@@ -1,0 +1,43 @@
+//! The nodes' admin routes (`GET /nodes`, `GET /nodes/{nodeID}`), in E2B's shapes. A node is one
+//! machine that runs sandboxes; one `airlock serve` is one node.
+
+use serde::{Deserialize, Serialize};
+
+/// Whether placement may put new sandboxes on a node.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeStatus {
+    /// Takes new sandboxes.
+    Ready,
+    /// Takes none; its sandboxes leave (`airlock node drain`).
+    Draining,
+    /// Does not answer its health checks.
+    Unhealthy,
+}
+
+/// An item of `GET /nodes`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    /// What sandboxes show as their `clientID`.
+    #[serde(rename = "nodeID")]
+    pub node_id: String,
+    pub status: NodeStatus,
+    /// Sandboxes running there (paused ones run nowhere).
+    pub sandbox_count: u32,
+    /// CPUs and memory those sandboxes were given.
+    #[serde(rename = "allocatedCPU")]
+    pub allocated_cpu: u32,
+    #[serde(rename = "allocatedMemoryMiB")]
+    pub allocated_memory_mib: u64,
+}
+
+/// `GET /nodes/{nodeID}`: the node and the sandboxes running there.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: Node,
+    /// Their ids, oldest first.
+    pub sandboxes: Vec<String>,
+}
