@@ -10,7 +10,7 @@ import time
 
 import pytest
 from e2b import AsyncSandbox, FileType, FilesystemEventType
-from e2b.exceptions import InvalidArgumentException
+from e2b.exceptions import InvalidArgumentException, NotFoundException
 
 
 def envd(server, sbx, method, path, body, headers=None):
@@ -165,3 +165,33 @@ def test_metadata_and_entries_from_node(server, sandbox):
     got = server.js(js, sandbox.sandbox_id)
     assert got["written"] == {"from": "node"} and got["info"] == {"from": "node"}, got
     assert got["entry"] == {"name": "n.txt", "size": 5}, got
+
+
+def test_streams_that_cannot_start_say_why_as_envd_does(server, sandbox):
+    # envd answers a stream it cannot start with the error at the stream's end (HTTP 200), so
+    # the SDKs see its code: not found, where an HTTP 404 reads as "unimplemented".
+    js = """
+      import { Sandbox } from 'e2b'
+      const sbx = await Sandbox.connect(process.argv[1])
+      const outcome = async (call) => {
+        try { await call(); return 'no error' } catch (e) { return `${e.name}: ${e.message}` }
+      }
+      console.log(JSON.stringify({
+        watch: await outcome(() => sbx.files.watchDir('/no/such/dir', () => {})),
+        connect: await outcome(() => sbx.commands.connect(999999)),
+        cwd: await outcome(() => sbx.commands.run('pwd', { cwd: '/no/such/dir' })),
+        control: await outcome(() => sbx.files.read('/no/such/file')),
+      }))
+    """
+    got = server.js(js, sandbox.sandbox_id)
+    assert got["control"].startswith("FileNotFoundError"), got  # what the SDK says for a file
+    assert got["watch"].startswith("FileNotFoundError") and "/no/such/dir" in got["watch"], got
+    assert got["connect"].startswith("NotFoundError"), got
+    assert "does not exist" in got["cwd"] and "unimplemented" not in got["cwd"], got
+
+    async def watch_missing():
+        sbx = await AsyncSandbox.connect(sandbox.sandbox_id)
+        with pytest.raises(NotFoundException):
+            await sbx.files.watch_dir("/no/such/dir", lambda e: None)
+
+    asyncio.run(watch_missing())

@@ -42,6 +42,19 @@ def test_get_info(sandbox):
     assert info.owner == "user"
 
 
+def test_pseudo_files_read_to_their_end(sandbox):
+    # /proc reports a size of 0 for files that hold text; E2B reads them to their end (its
+    # filesystem-only pause tests read boot_id this way).
+    shown = sandbox.commands.run("cat /proc/sys/kernel/random/boot_id").stdout
+    assert len(shown.strip()) == 36  # the control: the file does hold a UUID
+    assert sandbox.files.read("/proc/sys/kernel/random/boot_id") == shown
+    assert sandbox.files.get_info("/proc/sys/kernel/random/boot_id").size == 0
+    # An empty file is still empty; other pseudo-files read whole too.
+    sandbox.files.write("empty.txt", "")
+    assert sandbox.files.read("empty.txt") == ""
+    assert "\nPid:" in sandbox.files.read("/proc/self/status")
+
+
 def test_missing_paths_are_not_found(sandbox):
     with pytest.raises(NotFoundException):
         sandbox.files.read("/nope/missing.txt")

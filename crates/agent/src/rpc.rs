@@ -51,6 +51,20 @@ impl RpcError {
     }
 }
 
+impl RpcError {
+    /// A server-streaming call's failure before its first message, as connect-go (E2B's envd)
+    /// answers it: HTTP 200 and the error in the end-of-stream message. Clients read a stream's
+    /// HTTP error status by the status alone (404 becomes `unimplemented`, not `not_found`).
+    pub fn into_stream_response(self) -> Response {
+        let mut resp = Body::from(connect::encode_end(Some(self.0))).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(connect::STREAM_CONTENT_TYPE),
+        );
+        resp
+    }
+}
+
 impl IntoResponse for RpcError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.0.code.http_status())

@@ -289,6 +289,7 @@ impl HttpAgentClient {
 /// the other side.
 fn worded(e: EventsError) -> String {
     match e {
+        EventsError::Ended { message, .. } => format!("the command did not start: {message}"),
         EventsError::Broken(e) => format!("the output stream broke: {e}"),
         EventsError::Unexpected(e) => format!("unexpected message from the agent: {e}"),
         other => other.to_string(),

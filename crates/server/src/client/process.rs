@@ -123,9 +123,17 @@ impl Process {
             pid: 0,
             events: ProcessEvents::new(resp.into_body()),
         };
-        match process.next_event().await? {
-            Some(ProcessEvent::Start(started)) => process.pid = started.pid,
-            other => {
+        // The agent answers a command it cannot start (no such directory or user) as envd
+        // does: a stream that ends with the error at once.
+        match process.events.next().await {
+            Ok(Some(ProcessEvent::Start(started))) => process.pid = started.pid,
+            Err(EventsError::Ended { message, .. }) => {
+                return Err(ClientError::Failed(format!(
+                    "starting the command failed: {message}"
+                )))
+            }
+            Err(other) => return Err(ClientError::Failed(other.to_string())),
+            Ok(other) => {
                 return Err(ClientError::Failed(format!(
                     "the command did not start: {other:?}"
                 )))

@@ -12,12 +12,15 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use std::io;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, BufReader};
 use tokio_util::io::ReaderStream;
 
 /// Download chunk size.
 const DOWNLOAD_CHUNK: usize = 256 * 1024;
+/// Most of a file of no size (a pseudo-file) that a download reads.
+const PSEUDO_FILE_CAP: u64 = 16 << 20;
 /// Bytes looked at to tell text from binary when the extension says nothing.
 const SNIFF_LEN: u64 = 512;
 
@@ -73,7 +76,7 @@ async fn serve_file(
     let mut file = tokio::fs::File::open(&path)
         .await
         .map_err(|e| FilesError::io(&e, &path))?;
-    let len = file
+    let mut len = file
         .metadata()
         .await
         .map_err(|e| FilesError::io(&e, &path))?
@@ -84,6 +87,22 @@ async fn serve_file(
             .await
             .map_err(|e| FilesError::io(&e, &path))?,
     };
+    // Pseudo-files (`/proc/sys/kernel/random/boot_id`, `/sys/...`) say they are empty and are
+    // not: a file of no size is read to its end, up to a cap, as E2B's envd does. A file with
+    // a size is sent as long as it was when opened (`take`: one that grows meanwhile must not
+    // overrun the announced length).
+    let data: Pin<Box<dyn AsyncRead + Send>> = if len == 0 {
+        let mut bytes = Vec::new();
+        (&mut file)
+            .take(PSEUDO_FILE_CAP)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| FilesError::io(&e, &path))?;
+        len = bytes.len() as u64;
+        Box::pin(io::Cursor::new(bytes))
+    } else {
+        Box::pin(file.take(len))
+    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -92,8 +111,6 @@ async fn serve_file(
         .header(header::CONTENT_TYPE, content_type)
         .header(header::CONTENT_DISPOSITION, content_disposition(&name))
         .header(header::VARY, "Accept-Encoding");
-    // `take`: a file that grows meanwhile must not overrun the announced length.
-    let data = file.take(len);
     let response = if gzip {
         let encoder = GzipEncoder::with_quality(BufReader::new(data), Level::Fastest);
         response

@@ -13,7 +13,7 @@ use airlock_wire::logs::{LineBuffer, LogLevel, MAX_LINE, START_CMD_TAG};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use nix::sys::signal::Signal as NixSignal;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -35,15 +35,15 @@ pub(super) async fn start(
 ) -> Response {
     let req: StartRequest = match rpc::read_stream_request(body).await {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.into_stream_response(),
     };
     let user = match processes.config.rpc_user(&headers) {
         Ok(u) => u,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.into_stream_response(),
     };
     let (handle, events) = match spawn(&processes, &user, req) {
         Ok(spawned) => spawned,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.into_stream_response(),
     };
     let deadline = rpc::timeout(&headers);
     if let Some(limit) = deadline {

@@ -8,7 +8,7 @@ use airlock_wire::envd::{ConnectRequest, Empty, ProcessEvent, ProcessEventMessag
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -70,11 +70,11 @@ pub(super) async fn connect(
 ) -> Response {
     let req: ConnectRequest = match rpc::read_stream_request(body).await {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.into_stream_response(),
     };
     let handle = match processes.table.find(&req.process) {
         Ok(h) => h,
-        Err(e) => return e.into_response(),
+        Err(e) => return e.into_stream_response(),
     };
     let events = handle.subscribe();
     let (tx, resp) = rpc::stream_response();

@@ -9,7 +9,7 @@ use airlock_wire::envd::{Empty, WatchDirResponse, WatchRequest};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub(super) async fn watch_dir(
         ));
         Ok::<_, RpcError>(response)
     };
-    start.await.unwrap_or_else(IntoResponse::into_response)
+    start.await.unwrap_or_else(RpcError::into_stream_response)
 }
 
 async fn stream_events(
