@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full test suite, one command: installs what is missing, builds, checks formatting and
-# clippy's lints, runs the Rust unit tests and the store's migrations on a private PostgreSQL,
+# clippy's lints, runs the Rust unit tests and the store's tests on a private PostgreSQL,
 # builds the `base` and `code-interpreter-v1` templates (cached by content hash), runs a short,
 # bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
@@ -33,10 +33,10 @@ cargo fmt --all -- --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
 echo "==> unit tests"
 cargo test --locked --release --workspace --quiet
-echo "==> the store's migrations on PostgreSQL"
+echo "==> the store on PostgreSQL"
 postgres_dir=$(mktemp -d /var/tmp/airlock-postgres.XXXXXX)
 eval "$(scripts/postgres.sh start "$postgres_dir")"
-cargo test --locked --release --quiet -p airlock-core --test postgres -- --ignored ||
+cargo test --locked --release --quiet -p airlock-core --lib postgres -- --ignored ||
   { scripts/postgres.sh stop "$postgres_dir"; exit 1; }
 scripts/postgres.sh stop "$postgres_dir"
 rm -rf "$postgres_dir"

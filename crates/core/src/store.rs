@@ -1,21 +1,28 @@
 //! State in one SQLite file under the data dir: sandboxes, templates, snapshots and API keys.
+//! The API keys ([`Keys`]) already run on [`db::Db`], which is SQLite here and PostgreSQL for
+//! many machines; the rest follows one table at a time.
 //!
 //! Every write is a single statement, so a `kill -9` at any point leaves a consistent file.
 
 use crate::driver::Resources;
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 mod builds;
+pub mod db;
+mod keys;
 pub mod migrations;
+#[cfg(test)]
+mod postgres_tests;
 mod snapshots;
 mod tags;
 mod volumes;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
+pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys};
 pub use snapshots::SnapshotRecord;
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
 pub use volumes::{valid_volume_name, VolumeMount, VolumeRecord};
@@ -30,6 +37,10 @@ pub enum StoreError {
     Create(#[source] std::io::Error),
     #[error("bringing the database's schema up to date")]
     Migrate(#[source] refinery::Error),
+    #[error("PostgreSQL error")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("no connection to PostgreSQL: {0}")]
+    Pool(String),
 }
 
 /// Whether a sandbox runs or sits on disk as a checkpoint image.
@@ -125,30 +136,6 @@ pub struct SandboxRecord {
     pub require_traffic_token: bool,
 }
 
-/// An API key as stored: only its SHA-256 is kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeyRecord {
-    /// The first 12 hex digits of the key's SHA-256: shown, never secret.
-    pub id: String,
-    pub name: String,
-    pub created_at: i64,
-    pub revoked_at: Option<i64>,
-    pub limits: KeyLimits,
-    /// Also reads the nodes' admin routes (`airlock key create --operator`).
-    pub operator: bool,
-}
-
-/// What one API key may hold; each limit left out is the server's default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KeyLimits {
-    /// Sandboxes running (or starting, or being resumed) at once.
-    pub max_running: Option<u32>,
-    /// Sandboxes paused at once.
-    pub max_paused: Option<u32>,
-    /// The disk its snapshots take, in MiB.
-    pub max_snapshot_mb: Option<u64>,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateRecord {
     /// A built-in's name, or the id of a user template's build (see `store::tags`).
@@ -195,7 +182,8 @@ impl Default for TemplateDefaults {
 }
 
 pub struct Store {
-    conn: Mutex<Connection>,
+    conn: Arc<Mutex<Connection>>,
+    keys: Keys,
 }
 
 impl Store {
@@ -216,9 +204,16 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrations::migrate(&mut conn)?;
+        let conn = Arc::new(Mutex::new(conn));
         Ok(Store {
-            conn: Mutex::new(conn),
+            keys: Keys::new(db::Db::Sqlite(conn.clone())),
+            conn,
         })
+    }
+
+    /// The API keys, which gateways will read from PostgreSQL.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -442,143 +437,6 @@ impl Store {
         }
         Ok(out)
     }
-
-    // ------------------------------------------------------------ API keys
-
-    /// Records a key by its SHA-256 (hex); a key already recorded keeps its name and limits.
-    pub fn add_api_key_hash(
-        &self,
-        sha256_hex: &str,
-        name: &str,
-        created_at: i64,
-        limits: KeyLimits,
-    ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT OR IGNORE INTO api_keys (sha256, created_at, name, max_running, max_paused,
-             max_snapshot_mb) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                sha256_hex,
-                created_at,
-                name,
-                limits.max_running,
-                limits.max_paused,
-                limits.max_snapshot_mb.map(|mb| mb as i64)
-            ],
-        )?;
-        Ok(())
-    }
-
-    /// The limits set on the key with this id (none set: all `None`).
-    pub fn key_limits(&self, id: &str) -> Result<KeyLimits, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT max_running, max_paused, max_snapshot_mb FROM api_keys
-                 WHERE substr(sha256, 1, 12) = ?1",
-                params![id],
-                |row| {
-                    Ok(KeyLimits {
-                        max_running: row.get(0)?,
-                        max_paused: row.get(1)?,
-                        max_snapshot_mb: row.get::<_, Option<i64>>(2)?.map(|mb| mb.max(0) as u64),
-                    })
-                },
-            )
-            .optional()?
-            .unwrap_or_default())
-    }
-
-    /// The id of the live (not revoked) key with this SHA-256, if any.
-    pub fn api_key_id(&self, sha256_hex: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT 1 FROM api_keys WHERE sha256 = ?1 AND revoked_at IS NULL",
-                params![sha256_hex],
-                |_| Ok(()),
-            )
-            .optional()?
-            .map(|()| key_id(sha256_hex)))
-    }
-
-    /// Makes the key with this SHA-256 an operator's.
-    pub fn grant_operator(&self, sha256_hex: &str) -> Result<(), StoreError> {
-        self.conn().execute(
-            "UPDATE api_keys SET operator = 1 WHERE sha256 = ?1",
-            params![sha256_hex],
-        )?;
-        Ok(())
-    }
-
-    /// Whether the live key with this id is an operator's.
-    pub fn is_operator(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT 1 FROM api_keys WHERE substr(sha256, 1, 12) = ?1 AND revoked_at IS NULL
-                 AND operator = 1",
-                params![id],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some())
-    }
-
-    /// Every key, revoked ones included, oldest first.
-    pub fn api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT sha256, name, created_at, revoked_at, max_running, max_paused,
-             max_snapshot_mb, operator FROM api_keys ORDER BY created_at, sha256",
-        )?;
-        let rows = stmt.query_map([], |row| {
-            Ok(ApiKeyRecord {
-                id: key_id(&row.get::<_, String>(0)?),
-                name: row.get(1)?,
-                created_at: row.get(2)?,
-                revoked_at: row.get(3)?,
-                limits: KeyLimits {
-                    max_running: row.get(4)?,
-                    max_paused: row.get(5)?,
-                    max_snapshot_mb: row.get::<_, Option<i64>>(6)?.map(|mb| mb.max(0) as u64),
-                },
-                operator: row.get::<_, i64>(7)? != 0,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    /// Revokes the key with this id; returns whether a live key had it.
-    pub fn revoke_api_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
-        if id.len() != KEY_ID_LEN || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Ok(false);
-        }
-        let n = self.conn().execute(
-            "UPDATE api_keys SET revoked_at = ?2 WHERE substr(sha256, 1, 12) = ?1
-             AND revoked_at IS NULL",
-            params![id.to_ascii_lowercase(), now],
-        )?;
-        Ok(n > 0)
-    }
-
-    /// How many keys are live.
-    pub fn api_key_count(&self) -> Result<u64, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL",
-                [],
-                |r| r.get::<_, i64>(0),
-            )?
-            .max(0) as u64)
-    }
-}
-
-const KEY_ID_LEN: usize = 12;
-
-/// A key's public id: the first 12 hex digits of its SHA-256.
-pub fn key_id(sha256_hex: &str) -> String {
-    sha256_hex.chars().take(KEY_ID_LEN).collect()
 }
 
 #[cfg(test)]
@@ -664,15 +522,17 @@ mod tests {
         assert_eq!(modes, [Some(PauseMode::Filesystem), None]);
     }
 
-    #[test]
-    fn a_new_database_is_private() {
+    #[tokio::test]
+    async fn a_new_database_is_private() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("airlock.db");
         let store = Store::open(&path).unwrap();
-        store
-            .add_api_key_hash("00", "a write, so the WAL exists", 1, KeyLimits::default())
-            .unwrap();
+        let limits = KeyLimits::default();
+        let write = store
+            .keys()
+            .add("00", "a write, so the WAL exists", 1, limits, false);
+        write.await.unwrap();
         for file in ["airlock.db", "airlock.db-wal", "airlock.db-shm"] {
             let md = std::fs::metadata(dir.path().join(file)).unwrap();
             assert_eq!(md.permissions().mode() & 0o777, 0o600, "{file}");
@@ -705,7 +565,7 @@ mod tests {
     }
 
     #[test]
-    fn templates_and_keys() {
+    fn templates_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db")).unwrap();
         let t = TemplateRecord {
@@ -725,46 +585,6 @@ mod tests {
         };
         store.put_template(&t).unwrap();
         assert_eq!(store.template(&t.name).unwrap(), Some(t));
-        assert_eq!(store.api_key_count().unwrap(), 0);
-        let h = "0123456789abcdef0123";
-        let limits = KeyLimits {
-            max_running: Some(3),
-            max_paused: None,
-            max_snapshot_mb: Some(100),
-        };
-        store.add_api_key_hash(h, "ci", 1, limits).unwrap();
-        assert_eq!(store.key_limits("0123456789ab").unwrap(), limits);
-        assert_eq!(
-            store.key_limits("ffffffffffff").unwrap(),
-            KeyLimits::default()
-        );
-        assert_eq!(
-            store.api_key_id(h).unwrap().as_deref(),
-            Some("0123456789ab")
-        );
-        assert_eq!(store.api_key_id("ffff").unwrap(), None);
-        assert_eq!(store.api_keys().unwrap()[0].name, "ci");
-        assert!(!store.is_operator("0123456789ab").unwrap());
-        store.grant_operator(h).unwrap();
-        assert!(store.is_operator("0123456789ab").unwrap());
-        assert!(store.api_keys().unwrap()[0].operator);
-        assert!(!store.revoke_api_key("nothex", 2).unwrap());
-        assert!(store.revoke_api_key("0123456789ab", 2).unwrap());
-        assert!(
-            !store.revoke_api_key("0123456789ab", 3).unwrap(),
-            "already revoked"
-        );
-        assert_eq!(
-            store.api_key_id(h).unwrap(),
-            None,
-            "a revoked key no longer works"
-        );
-        assert_eq!(store.api_key_count().unwrap(), 0);
-        assert_eq!(store.api_keys().unwrap()[0].revoked_at, Some(2));
-        assert!(
-            !store.is_operator("0123456789ab").unwrap(),
-            "a revoked operator key reads no node"
-        );
     }
 
     #[test]

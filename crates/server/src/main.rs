@@ -497,6 +497,7 @@ async fn run(cli: Cli) -> ExitCode {
             unit_dir,
             start: !no_start,
         })
+        .await
         .map(|()| ExitCode::SUCCESS)
         .map_err(cli::CliError::Other),
         Command::Mcp {
@@ -534,8 +535,10 @@ async fn run(cli: Cli) -> ExitCode {
                     .map(|()| ExitCode::SUCCESS)
             }
         },
-        Command::Key(cmd) => data_dir(&cli.data_dir, cli.templates_dir.as_deref())
-            .and_then(|data| cli::key(cmd, &data)),
+        Command::Key(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
+            Ok(data) => cli::key(cmd, &data).await,
+            Err(e) => Err(e),
+        },
         Command::Run {
             template,
             lang,

@@ -62,7 +62,7 @@ impl Lifecycle {
                 .await
                 .map_err(|e| LifecycleError::GuestUnresponsive(format!("{e}; not paused")))?;
         }
-        let quota = self.quota(sandbox.owner())?;
+        let quota = self.quota(sandbox.owner()).await?;
         self.sandboxes.begin_pause(sandbox, &quota)?;
         sandbox.cut_streams();
         let record = sandbox.record();
@@ -145,7 +145,7 @@ impl Lifecycle {
             Phase::Running => return Err(LifecycleError::AlreadyRunning(id.to_owned())),
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         }
-        let quota = self.quota(sandbox.owner())?;
+        let quota = self.quota(sandbox.owner()).await?;
         self.sandboxes
             .admit_resume(&sandbox, self.limits.max_sandboxes, &quota)?;
         let record = sandbox.record();
@@ -290,7 +290,7 @@ impl Lifecycle {
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         };
         let owner = sandbox.owner().unwrap_or_default().to_owned();
-        self.check_snapshot_room(&owner)?;
+        self.check_snapshot_room(&owner).await?;
         let _awake = self.wake(&sandbox);
         sandbox.enter(Phase::Snapshotting);
         sandbox.cut_streams();
@@ -322,8 +322,8 @@ impl Lifecycle {
     }
 
     /// Refuses a snapshot once `owner`'s snapshots take its quota of disk.
-    fn check_snapshot_room(&self, owner: &str) -> Result<(), LifecycleError> {
-        let quota = self.quota(Some(owner))?;
+    async fn check_snapshot_room(&self, owner: &str) -> Result<(), LifecycleError> {
+        let quota = self.quota(Some(owner)).await?;
         let used: u64 = self.snapshots(owner)?.iter().map(|s| s.size_bytes).sum();
         if used >= quota.snapshot_mb << 20 {
             return Err(LifecycleError::Quota(format!(

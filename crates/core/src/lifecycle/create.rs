@@ -64,7 +64,7 @@ impl Lifecycle {
     pub async fn create(&self, params: CreateParams) -> Result<Arc<Sandbox>, LifecycleError> {
         let timeout = self.clamp_timeout(params.timeout)?;
         let resources = self.resources_for(&params)?;
-        let quota = self.quota(params.owner.as_deref())?;
+        let quota = self.quota(params.owner.as_deref()).await?;
         let owner = params.owner.as_deref();
         // One of the owner's snapshots, else a template (`name` or `name:tag`). A snapshot's
         // name is never one of its owner's templates' or a built-in's (both are refused when

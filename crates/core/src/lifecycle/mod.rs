@@ -375,12 +375,12 @@ impl Lifecycle {
     }
 
     /// What the key `owner` may hold: its own limits, else the server's.
-    fn quota(&self, owner: Option<&str>) -> Result<KeyQuota, LifecycleError> {
+    async fn quota(&self, owner: Option<&str>) -> Result<KeyQuota, LifecycleError> {
         let defaults = self.limits.per_key;
         let Some(owner) = owner else {
             return Ok(defaults);
         };
-        let set = self.store.key_limits(owner)?;
+        let set = self.store.keys().limits(owner).await?;
         Ok(KeyQuota {
             running: set.max_running.map_or(defaults.running, |n| n as usize),
             paused: set.max_paused.map_or(defaults.paused, |n| n as usize),

@@ -198,7 +198,7 @@ pub(super) fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreEr
 
 /// Every table's columns, sorted: what the schema is, whichever way it was reached.
 #[cfg(test)]
-pub(super) fn columns(conn: &Connection) -> Vec<(String, String)> {
+pub(crate) fn columns(conn: &Connection) -> Vec<(String, String)> {
     let mut stmt = conn
         .prepare(
             "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c

@@ -21,7 +21,7 @@ pub struct InstallOptions {
     pub start: bool,
 }
 
-pub fn install(opts: InstallOptions) -> anyhow::Result<()> {
+pub async fn install(opts: InstallOptions) -> anyhow::Result<()> {
     let binary = std::env::current_exe()
         .and_then(std::fs::canonicalize)
         .context("locating the airlock binary")?;
@@ -31,7 +31,7 @@ pub fn install(opts: InstallOptions) -> anyhow::Result<()> {
     }
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Store::open(&data.db()).context("opening the state database")?;
-    let key = super::keys::ensure_api_key(&store, &data)?;
+    let key = super::keys::ensure_api_key(&store, &data).await?;
 
     let unit = unit_file(&binary, &data, opts.templates_dir.as_deref(), &opts);
     std::fs::create_dir_all(&opts.unit_dir)

@@ -8,29 +8,37 @@ use anyhow::{bail, Context};
 use std::path::Path;
 
 /// Makes sure at least one API key exists. Returns a key to print if one was made or given.
-pub(crate) fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
+pub(crate) async fn ensure_api_key(store: &Store, data: &DataDir) -> anyhow::Result<KeySource> {
     if let Ok(key) = std::env::var("AIRLOCK_API_KEY") {
         if key.trim().is_empty() {
             bail!("AIRLOCK_API_KEY is set but empty");
         }
-        store.add_api_key_hash(
-            &hash_key(key.trim()),
-            "from AIRLOCK_API_KEY",
-            airlock_core::lifecycle::now_unix(),
-            KeyLimits::default(),
-        )?;
+        store
+            .keys()
+            .add(
+                &hash_key(key.trim()),
+                "from AIRLOCK_API_KEY",
+                airlock_core::lifecycle::now_unix(),
+                KeyLimits::default(),
+                false,
+            )
+            .await?;
         return Ok(KeySource::Environment);
     }
-    if store.api_key_count()? > 0 {
+    if store.keys().live_count().await? > 0 {
         return Ok(KeySource::Existing);
     }
     let key = new_api_key();
-    store.add_api_key_hash(
-        &hash_key(&key),
-        "generated at first start",
-        airlock_core::lifecycle::now_unix(),
-        KeyLimits::default(),
-    )?;
+    store
+        .keys()
+        .add(
+            &hash_key(&key),
+            "generated at first start",
+            airlock_core::lifecycle::now_unix(),
+            KeyLimits::default(),
+            false,
+        )
+        .await?;
     write_private(&data.api_key_file(), key.as_bytes())?;
     Ok(KeySource::Generated(key))
 }

@@ -72,7 +72,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     airlock_netd::raise_open_files_limit();
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
-    let key = ensure_api_key(&store, &data)?;
+    let key = ensure_api_key(&store, &data).await?;
     let agent_binary = find_binary("airlock-agent", opts.agent_binary)?;
     let agent_is_static = is_static_executable(&agent_binary)
         .with_context(|| format!("reading {}", agent_binary.display()))?;

@@ -44,8 +44,9 @@ pub enum KeyCommand {
 
 /// `airlock key …`: works on the data dir's database directly, so it needs the server's
 /// data dir (and its permissions), not a running server.
-pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
+pub async fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
     let store = open_store(data)?;
+    let keys = store.keys();
     let now = airlock_core::lifecycle::now_unix();
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
     match cmd {
@@ -63,12 +64,9 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
                 max_paused,
                 max_snapshot_mb,
             };
-            store
-                .add_api_key_hash(&hash, &name, now, limits)
+            keys.add(&hash, &name, now, limits, operator)
+                .await
                 .map_err(failed)?;
-            if operator {
-                store.grant_operator(&hash).map_err(failed)?;
-            }
             println!("{key}");
             eprintln!(
                 "key id {} (store the key now: it is not shown again)",
@@ -76,8 +74,9 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             );
         }
         KeyCommand::Ls { json } => {
-            let rows: Vec<[String; 6]> = store
-                .api_keys()
+            let rows: Vec<[String; 6]> = keys
+                .all()
+                .await
                 .map_err(failed)?
                 .into_iter()
                 .map(|k| {
@@ -98,7 +97,7 @@ pub fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
             );
         }
         KeyCommand::Revoke { id } => {
-            if !store.revoke_api_key(&id, now).map_err(failed)? {
+            if !keys.revoke(&id, now).await.map_err(failed)? {
                 return Err(CliError::Failed(format!(
                     "no live key has the id '{id}' (see `airlock key ls`)"
                 )));

@@ -66,7 +66,7 @@ impl FromRequestParts<AppState> for Operator {
             .extensions
             .get::<Caller>()
             .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
-        if state.store.is_operator(&caller.0)? {
+        if state.store.keys().is_operator(&caller.0).await? {
             return Ok(Operator);
         }
         Err(ApiError::new(
@@ -94,7 +94,7 @@ pub(crate) async fn require_api_key(
         )
         .into_response();
     }
-    match caller_of_key(&state, key) {
+    match caller_of_key(&state, key).await {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -104,8 +104,8 @@ pub(crate) async fn require_api_key(
 }
 
 /// The caller an API key stands for; 401 for an unknown or revoked one.
-pub(crate) fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
-    match state.store.api_key_id(&hash_key(key)) {
+pub(crate) async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
+    match state.store.keys().id_of(&hash_key(key)).await {
         Ok(Some(id)) => Ok(Caller(id)),
         Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

@@ -296,7 +296,7 @@ async fn authenticate(State(gate): State<Arc<Gate>>, mut req: Request, next: Nex
         )
         .into_response();
     }
-    let caller = match crate::http::auth::caller_of_key(&gate.state, &key) {
+    let caller = match crate::http::auth::caller_of_key(&gate.state, &key).await {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
     };

@@ -4,9 +4,13 @@ use super::*;
 use crate::store::{PauseMode, SandboxState};
 
 /// An API key with these limits, as `airlock key create` makes one; returns its id.
-fn key_with(store: &Store, limits: crate::store::KeyLimits) -> String {
+async fn key_with(store: &Store, limits: crate::store::KeyLimits) -> String {
     let sha = format!("{:064x}", rand::random::<u128>());
-    store.add_api_key_hash(&sha, "limited", 0, limits).unwrap();
+    store
+        .keys()
+        .add(&sha, "limited", 0, limits, false)
+        .await
+        .unwrap();
     crate::store::key_id(&sha)
 }
 
@@ -61,7 +65,8 @@ async fn each_key_is_held_to_its_own_limits() {
             max_paused: Some(1),
             max_snapshot_mb: Some(5),
         },
-    );
+    )
+    .await;
     let as_key = |owner: &str| CreateParams {
         owner: Some(owner.into()),
         ..params()

@@ -1,0 +1,210 @@
+//! One database, SQLite (one box) or PostgreSQL (many machines), behind the same calls: the SQL
+//! is written once, with PostgreSQL's `$1` placeholders (SQLite reads them as `?1`), in the
+//! dialect both share (`ON CONFLICT`, `substr`, `COUNT(*)`), over the columns the migration
+//! set makes alike on both (`BIGINT`, `TEXT`). Parameters and columns are integers, text or
+//! NULL.
+
+use super::StoreError;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
+
+/// A connection to the store's database.
+#[derive(Clone)]
+pub enum Db {
+    /// The one-box file, shared with the rest of the store (see [`super::Store`]).
+    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+    Postgres(deadpool_postgres::Pool),
+}
+
+/// A statement's parameter.
+#[derive(Debug, Clone, Copy)]
+pub enum Value<'a> {
+    Int(i64),
+    Text(&'a str),
+    Null,
+}
+
+impl<'a> From<&'a str> for Value<'a> {
+    fn from(text: &'a str) -> Self {
+        Value::Text(text)
+    }
+}
+
+impl From<i64> for Value<'_> {
+    fn from(n: i64) -> Self {
+        Value::Int(n)
+    }
+}
+
+impl<'a, T: Into<Value<'a>>> From<Option<T>> for Value<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Value::Null, Into::into)
+    }
+}
+
+/// A row of an answer, read by column index.
+pub enum Row<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+    Postgres(&'a tokio_postgres::Row),
+}
+
+impl Row<'_> {
+    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => r.try_get(i)?,
+        })
+    }
+
+    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => r.try_get(i)?,
+        })
+    }
+
+    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+        Ok(match self {
+            Row::Sqlite(r) => r.get(i)?,
+            Row::Postgres(r) => r.try_get(i)?,
+        })
+    }
+}
+
+impl Db {
+    /// A pool of connections to the PostgreSQL that `config` names.
+    pub fn postgres(config: tokio_postgres::Config) -> Result<Db, StoreError> {
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(16)
+            .build()
+            .map_err(|e| StoreError::Pool(e.to_string()))?;
+        Ok(Db::Postgres(pool))
+    }
+
+    /// Runs a statement; returns how many rows it changed.
+    pub async fn execute(&self, sql: &str, params: &[Value<'_>]) -> Result<u64, StoreError> {
+        match self {
+            Db::Sqlite(conn) => {
+                let n = lock(conn).execute(&sqlite_sql(sql), rusqlite::params_from_iter(params))?;
+                Ok(n as u64)
+            }
+            Db::Postgres(pool) => {
+                let client = pool
+                    .get()
+                    .await
+                    .map_err(|e| StoreError::Pool(e.to_string()))?;
+                Ok(client.execute(sql, &postgres_params(params)).await?)
+            }
+        }
+    }
+
+    /// Runs a query; `read` makes each row into a `T`.
+    pub async fn query<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        read: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        match self {
+            Db::Sqlite(conn) => {
+                let conn = lock(conn);
+                let mut stmt = conn.prepare(&sqlite_sql(sql))?;
+                let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+                let mut all = Vec::new();
+                while let Some(row) = rows.next()? {
+                    all.push(read(&Row::Sqlite(row))?);
+                }
+                Ok(all)
+            }
+            Db::Postgres(pool) => {
+                let client = pool
+                    .get()
+                    .await
+                    .map_err(|e| StoreError::Pool(e.to_string()))?;
+                let rows = client.query(sql, &postgres_params(params)).await?;
+                rows.iter().map(|row| read(&Row::Postgres(row))).collect()
+            }
+        }
+    }
+
+    /// The first row of a query, if any.
+    pub async fn query_opt<T>(
+        &self,
+        sql: &str,
+        params: &[Value<'_>],
+        read: impl Fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        Ok(self.query(sql, params, read).await?.into_iter().next())
+    }
+}
+
+fn lock(conn: &Mutex<rusqlite::Connection>) -> MutexGuard<'_, rusqlite::Connection> {
+    conn.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `$1` as SQLite's `?1`, which binds by number as PostgreSQL's does (SQLite would read `$1` as
+/// a name). The store's SQL has no `$` in its literals.
+fn sqlite_sql(sql: &str) -> Cow<'_, str> {
+    if sql.contains('$') {
+        Cow::Owned(sql.replace('$', "?"))
+    } else {
+        Cow::Borrowed(sql)
+    }
+}
+
+fn postgres_params<'a>(params: &'a [Value<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+}
+
+impl rusqlite::ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Value::Int(n) => ValueRef::Integer(n),
+            Value::Text(s) => ValueRef::Text(s.as_bytes()),
+            Value::Null => ValueRef::Null,
+        }))
+    }
+}
+
+impl ToSql for Value<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match *self {
+            Value::Int(n) => n.to_sql_checked(ty, out),
+            Value::Text(s) => s.to_sql_checked(ty, out),
+            Value::Null => Ok(IsNull::Yes),
+        }
+    }
+
+    /// Which of them fits is checked per value, when it is written.
+    fn accepts(ty: &Type) -> bool {
+        <i64 as ToSql>::accepts(ty) || <&str as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_bind_by_number_on_sqlite() {
+        assert_eq!(sqlite_sql("SELECT $2, $1, $2"), "SELECT ?2, ?1, ?2");
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let got: (String, i64) = conn
+            .query_row(
+                &sqlite_sql("SELECT $2, $1 + $1"),
+                rusqlite::params_from_iter([Value::Int(20), Value::Text("b")]),
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(got, ("b".into(), 40));
+    }
+}

@@ -1,0 +1,81 @@
+//! The store on a real PostgreSQL. `./test.sh` starts one (`scripts/postgres.sh`) and runs
+//! these with `cargo test -p airlock-core --lib postgres -- --ignored`; each test works in a
+//! schema of its own.
+
+use super::db::Db;
+use super::migrations;
+use std::collections::BTreeSet;
+use std::str::FromStr;
+
+/// A new, migrated schema on the PostgreSQL that `AIRLOCK_TEST_POSTGRES_URL` names, and a
+/// client and a config whose connections use it.
+async fn migrated_schema() -> (tokio_postgres::Client, tokio_postgres::Config, String) {
+    let url = std::env::var("AIRLOCK_TEST_POSTGRES_URL").expect(
+        "AIRLOCK_TEST_POSTGRES_URL names a PostgreSQL to test against (scripts/postgres.sh)",
+    );
+    let schema = format!("test_{}", uuid::Uuid::new_v4().simple());
+    let mut config = tokio_postgres::Config::from_str(&url).unwrap();
+    config.options(format!("-c search_path={schema}"));
+    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let report = migrations::runner().run_async(&mut client).await.unwrap();
+    assert_eq!(
+        report.applied_migrations().len(),
+        migrations::runner().get_migrations().len()
+    );
+    (client, config, schema)
+}
+
+async fn drop_schema(client: &tokio_postgres::Client, schema: &str) {
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_gets_the_tables_and_columns_sqlite_gets() {
+    let (mut client, _, schema) = migrated_schema().await;
+    let again = migrations::runner().run_async(&mut client).await.unwrap();
+    assert!(again.applied_migrations().is_empty());
+
+    let rows = client
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns
+             WHERE table_schema = $1",
+            &[&schema],
+        )
+        .await
+        .unwrap();
+    let postgres: BTreeSet<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let dir = tempfile::tempdir().unwrap();
+    drop(super::Store::open(&dir.path().join("db")).unwrap());
+    let sqlite = rusqlite::Connection::open(dir.path().join("db")).unwrap();
+    let sqlite: BTreeSet<(String, String)> = migrations::columns(&sqlite).into_iter().collect();
+    assert_eq!(postgres, sqlite);
+
+    // Integers are 64-bit on both: a build log's milliseconds and a layer's bytes fit.
+    client
+        .execute(
+            "INSERT INTO build_logs (build_id, seq, at_ms, level, message)
+             VALUES ('b', 0, $1, 'info', 'm')",
+            &[&1_795_000_000_000_i64],
+        )
+        .await
+        .unwrap();
+    drop_schema(&client, &schema).await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_keys_as_sqlite_does() {
+    let (client, config, schema) = migrated_schema().await;
+    let keys = super::Keys::new(Db::postgres(config).unwrap());
+    super::keys::behaves(&keys).await;
+    drop_schema(&client, &schema).await;
+}
