@@ -43,6 +43,18 @@ pub enum StoreError {
     Pool(String),
 }
 
+impl StoreError {
+    /// The database cannot be reached now (PostgreSQL down, or no connection to it): a retry
+    /// may succeed, which the API says with 503.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Pool(_) => true,
+            StoreError::Postgres(e) => e.is_closed() || e.code().is_none(),
+            _ => false,
+        }
+    }
+}
+
 /// Whether a sandbox runs or sits on disk as a checkpoint image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxState {

@@ -10,6 +10,9 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
+/// The longest a statement waits for a connection to PostgreSQL.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A connection to the store's database.
 #[derive(Clone)]
 pub enum Db {
@@ -74,11 +77,18 @@ impl Row<'_> {
 }
 
 impl Db {
-    /// A pool of connections to the PostgreSQL that `config` names.
-    pub fn postgres(config: tokio_postgres::Config) -> Result<Db, StoreError> {
+    /// A pool of connections to the PostgreSQL that `config` names. A request never waits
+    /// longer than [`WAIT`] for a connection: a database that is down answers as unavailable.
+    pub fn postgres(mut config: tokio_postgres::Config) -> Result<Db, StoreError> {
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(WAIT);
+        }
         let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
         let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(16)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(WAIT))
+            .create_timeout(Some(WAIT))
             .build()
             .map_err(|e| StoreError::Pool(e.to_string()))?;
         Ok(Db::Postgres(pool))

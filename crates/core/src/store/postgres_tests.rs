@@ -79,3 +79,12 @@ async fn postgres_keeps_keys_as_sqlite_does() {
     super::keys::behaves(&keys).await;
     drop_schema(&client, &schema).await;
 }
+
+#[tokio::test]
+async fn an_unreachable_postgresql_is_unavailable_not_corrupt() {
+    // Nothing listens on port 1 of loopback.
+    let config = tokio_postgres::Config::from_str("host=127.0.0.1 port=1 user=x dbname=x").unwrap();
+    let keys = super::Keys::new(Db::postgres(config).unwrap());
+    let err = keys.id_of("00").await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+}

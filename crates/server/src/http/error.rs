@@ -114,6 +114,13 @@ impl From<LifecycleError> for ApiError {
                 tracing::warn!(error = %err, "a template's start command failed");
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
             }
+            LifecycleError::Store(e) if e.is_unavailable() => {
+                tracing::warn!(error = %err, "the database is unreachable");
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database cannot be reached; retry shortly",
+                );
+            }
             LifecycleError::Driver(_) | LifecycleError::Agent(_) | LifecycleError::Store(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
