@@ -44,20 +44,20 @@
 mod cgroup;
 mod disk;
 mod host_cmd;
+mod host_lock;
 mod loop_device;
 mod network;
 mod oci;
 mod runsc;
 mod runsc_version;
+mod sweep;
 mod volumes;
 
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
 use airlock_core::egress::Egress;
 use airlock_core::ids::SandboxId;
-use futures::StreamExt;
 use network::{links, Network};
 use runsc::{RunArgs, Runsc};
-use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -99,13 +99,6 @@ impl GvisorConfig {
     }
 }
 
-/// Network namespaces (`al-*`), links (`alv*`), cgroups (`airlock/*`) and 10.77.0.0/16 are
-/// host-wide names, so only one driver may own them: a second one would sweep the first one's
-/// sandboxes as orphans. This lock, held for the driver's life, makes that an error instead.
-const HOST_LOCK: &str = "/run/airlock-gvisor.lock";
-/// How long a start waits for the lock of a server that is gone (see `take_host_lock`).
-const HOST_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 pub struct GvisorDriver {
     _host_lock: nix::fcntl::Flock<std::fs::File>,
     runsc: Runsc,
@@ -122,55 +115,6 @@ const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const HOST_MEMORY_HEADROOM_MB: u64 = 64;
 /// Free disk space a checkpoint leaves at least, beyond the image's estimated size.
 const CHECKPOINT_HEADROOM: u64 = 64 << 20;
-
-fn take_host_lock() -> Result<nix::fcntl::Flock<std::fs::File>, DriverError> {
-    use std::io::{Read, Seek, Write};
-    let deadline = std::time::Instant::now() + HOST_LOCK_WAIT;
-    let mut lock = loop {
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(HOST_LOCK)
-            .map_err(DriverError::io(format!("opening {HOST_LOCK}")))?;
-        let mut holder = String::new();
-        let _ = file.read_to_string(&mut holder);
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => break lock,
-            // A server killed with SIGKILL leaves its lock with any child it was starting
-            // (between fork and exec the child shares the descriptor): that goes in a moment.
-            Err(_) if !alive(&holder) && std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(_) => {
-                return Err(DriverError::Command {
-                    what: "taking the host lock".into(),
-                    detail: format!(
-                        "another airlock serve (pid {}) already runs sandboxes on this host; \
-                         stop it first (only one server per host)",
-                        holder.trim()
-                    ),
-                })
-            }
-        }
-    };
-    let record_pid = |f: &mut std::fs::File| -> std::io::Result<()> {
-        f.set_len(0)?;
-        f.rewind()?;
-        write!(f, "{}", std::process::id())
-    };
-    record_pid(&mut lock).map_err(DriverError::io(format!("writing {HOST_LOCK}")))?;
-    Ok(lock)
-}
-
-/// Whether the process whose pid the lock file records still exists.
-fn alive(recorded_pid: &str) -> bool {
-    match recorded_pid.trim().parse::<u32>() {
-        Ok(pid) if pid > 0 => std::path::Path::new(&format!("/proc/{pid}")).exists(),
-        _ => false,
-    }
-}
 
 impl GvisorDriver {
     /// Checks the agent binary, creates the state directories (mode 0700) and sets up the
@@ -199,7 +143,7 @@ impl GvisorDriver {
         let version = runsc_version::check(&config.runsc)?;
         tracing::info!(runsc = %config.runsc.display(), version, "runsc found");
         let fingerprint = fingerprint(&agent, &config.runsc)?;
-        let host_lock = take_host_lock()?;
+        let host_lock = host_lock::take_host_lock()?;
         let network = Network::new(network::Setup {
             state_dir: &state_dir,
             enforce: !config.open_network,
@@ -597,53 +541,9 @@ impl Driver for GvisorDriver {
     }
 
     async fn sweep_orphans(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError> {
-        let keep_ids: HashSet<&str> = keep.iter().map(|(id, _)| id.as_str()).collect();
-        let keep_slots: HashSet<u32> = keep.iter().map(|(_, slot)| *slot).collect();
-
-        let mut found = BTreeSet::new();
-        found.extend(self.runsc.list().await?);
-        found.extend(self.bundle_ids()?);
-        found.extend(links::netns_ids()?);
-        found.extend(cgroup::ids());
-
-        let mut orphans = Vec::new();
-        for id in found
-            .into_iter()
-            .filter(|id| !keep_ids.contains(id.as_str()))
-        {
-            // Everything of ours carries a valid id; anything else is not ours to remove.
-            if SandboxId::parse(&id).is_err() {
-                tracing::warn!(name = %id, "ignoring a sandbox-like name that is not an Airlock id");
-                continue;
-            }
-            tracing::info!(%id, "removing orphaned sandbox");
-            orphans.push(id);
-        }
-        // Several at once: most of a teardown is `runsc delete` waiting for the sandbox to die
-        // (1.5-2 s each), and a crashed server leaves every pooled sandbox behind.
-        let mut teardowns = Vec::new();
-        for id in &orphans {
-            teardowns.push(self.teardown(id, None));
-        }
-        let torn_down: Vec<Result<(), DriverError>> = futures::stream::iter(teardowns)
-            .buffer_unordered(ORPHANS_AT_ONCE)
-            .collect()
-            .await;
-        let mut result = torn_down.into_iter().collect::<Result<(), _>>();
-        // Links of slots no kept sandbox holds, including any whose netns was deleted above and
-        // that the kernel has not removed yet.
-        for slot in links::link_slots()? {
-            if !keep_slots.contains(&slot) {
-                tracing::info!(slot, "removing orphaned veth");
-                result = result.and(self.network.forget_slot(slot).await);
-            }
-        }
-        result
+        self.sweep(keep).await
     }
 }
-
-/// Orphans torn down at once by [`GvisorDriver::sweep_orphans`].
-const ORPHANS_AT_ONCE: usize = 8;
 
 /// Tags images with the agent binary (size and modification time) and the runsc binary they
 /// were taken with: a restore needs the very same agent file and the same runtime.

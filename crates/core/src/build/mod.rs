@@ -10,6 +10,7 @@
 //! can be cancelled (see [`stop`]). What one key's builds may keep on disk is bounded (see
 //! [`Builder::storage_of`]).
 
+mod bases;
 mod collect;
 pub mod copy;
 pub mod debian;
