@@ -19,10 +19,19 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
+own_data_dir="" postgres_dir=""
+cleanup() {
+  if [ -n "$postgres_dir" ]; then
+    scripts/postgres.sh stop "$postgres_dir" || true
+    rm -rf "$postgres_dir"
+  fi
+  # --one-file-system: never into anything a failed run left mounted there.
+  if [ -n "$own_data_dir" ]; then rm -rf --one-file-system "$own_data_dir"; fi
+}
+trap cleanup EXIT
 if [ -z "${AIRLOCK_TEST_DATA_DIR:-}" ]; then
   AIRLOCK_TEST_DATA_DIR=$(mktemp -d /var/tmp/airlock-test.XXXXXX)
-  # --one-file-system: never into anything a failed run left mounted there.
-  trap 'rm -rf --one-file-system "$AIRLOCK_TEST_DATA_DIR"' EXIT
+  own_data_dir=$AIRLOCK_TEST_DATA_DIR
 fi
 export AIRLOCK_TEST_DATA_DIR
 
@@ -35,11 +44,17 @@ echo "==> unit tests"
 cargo test --locked --release --workspace --quiet
 echo "==> the store on PostgreSQL"
 postgres_dir=$(mktemp -d /var/tmp/airlock-postgres.XXXXXX)
-eval "$(scripts/postgres.sh start "$postgres_dir")"
-cargo test --locked --release --quiet -p airlock-core --lib postgres -- --ignored ||
-  { scripts/postgres.sh stop "$postgres_dir"; exit 1; }
+postgres_env=$(scripts/postgres.sh start "$postgres_dir")
+eval "$postgres_env"
+postgres_tests=$(cargo test --locked --release -p airlock-core --lib postgres -- --ignored 2>&1) ||
+  { echo "$postgres_tests"; exit 1; }
+grep "test result" <<<"$postgres_tests"
+# A renamed test module must not make this step pass by running nothing.
+grep -q "test result: ok. [1-9]" <<<"$postgres_tests" ||
+  { echo "no PostgreSQL test ran" >&2; exit 1; }
 scripts/postgres.sh stop "$postgres_dir"
 rm -rf "$postgres_dir"
+postgres_dir=""
 echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086

@@ -21,6 +21,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's package also makes a cluster of its own and enables it at boot; the tests never
+  # use it, so it stays off.
+  if [[ " ${missing[*]} " == *" postgresql "* ]] && command -v systemctl >/dev/null; then
+    systemctl disable --quiet postgresql 2>/dev/null || true
+  fi
 fi
 
 # The older SDKs the suite also runs with (see test.sh), in a venv of their own.

@@ -3,10 +3,11 @@
 # `postgres` user, listening on 127.0.0.1 only, with a random password.
 #
 #   scripts/postgres.sh start DIR [PORT]   prints `export AIRLOCK_TEST_POSTGRES_URL=...` to eval
+#                                          (PORT: a free one by default)
 #   scripts/postgres.sh stop DIR           stops it (DIR itself is the caller's to remove)
 set -euo pipefail
 
-bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)
+bin=$( (ls -d /usr/lib/postgresql/*/bin 2>/dev/null || true) | sort -V | tail -n1)
 [ -x "$bin/initdb" ] || { echo "postgres.sh: no PostgreSQL server (apt-get install postgresql)" >&2; exit 1; }
 cmd=${1:-}; dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop DIR [PORT]" >&2; exit 2; }
@@ -14,7 +15,14 @@ as_postgres() { runuser -u postgres -- "$@"; }
 
 case "$cmd" in
 start)
-  port=${3:-55432}
+  # A free port unless one is given: another run's server may hold any fixed one.
+  port=${3:-}
+  if [ -z "$port" ]; then
+    for candidate in $(shuf -i 20000-60000 -n 50); do
+      if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then port=$candidate; break; fi
+    done
+    [ -n "$port" ] || { echo "postgres.sh: found no free port" >&2; exit 1; }
+  fi
   mkdir -p "$dir" && chown postgres: "$dir" && chmod 700 "$dir"
   password=$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')
   printf '%s\n' "$password" > "$dir/password" && chown postgres: "$dir/password"
@@ -27,7 +35,9 @@ start)
   echo "export AIRLOCK_TEST_POSTGRES_URL='host=127.0.0.1 port=$port user=postgres password=$password dbname=postgres'"
   ;;
 stop)
-  [ -d "$dir/data" ] && as_postgres "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+  if [ -f "$dir/data/postmaster.pid" ]; then
+    as_postgres "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+  fi
   ;;
 *)
   echo "usage: $0 start|stop DIR [PORT]" >&2; exit 2 ;;

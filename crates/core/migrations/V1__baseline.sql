@@ -2,7 +2,7 @@
 -- and PostgreSQL (a cluster), so only what both read the same way: TEXT, BIGINT (SQLite's
 -- INTEGER; PostgreSQL's INTEGER is 32 bits, too small for milliseconds and bytes), flags as 0/1.
 -- IF NOT EXISTS: a database from before versioned migrations already has these tables once
--- store/legacy.rs has brought its columns up to date.
+-- store/migrations.rs has brought its columns up to date.
 
 -- Sandboxes this server runs or keeps paused, with what it needs to bring them back.
 CREATE TABLE IF NOT EXISTS sandboxes (

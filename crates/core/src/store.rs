@@ -22,7 +22,7 @@ mod snapshots;
 mod tags;
 mod volumes;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
-pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys};
+pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
 pub use snapshots::SnapshotRecord;
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
 pub use volumes::{valid_volume_name, VolumeMount, VolumeRecord};
@@ -39,8 +39,10 @@ pub enum StoreError {
     Migrate(#[source] refinery::Error),
     #[error("PostgreSQL error")]
     Postgres(#[from] tokio_postgres::Error),
-    #[error("no connection to PostgreSQL: {0}")]
+    #[error("setting up the PostgreSQL pool: {0}")]
     Pool(String),
+    #[error("PostgreSQL cannot be reached: {0}")]
+    Unavailable(String),
 }
 
 impl StoreError {
@@ -48,8 +50,14 @@ impl StoreError {
     /// may succeed, which the API says with 503.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            StoreError::Pool(_) => true,
-            StoreError::Postgres(e) => e.is_closed() || e.code().is_none(),
+            StoreError::Unavailable(_) => true,
+            // A lost connection, or one that could not be made (refused, timed out); not a
+            // refused statement or a password the server turned down.
+            StoreError::Postgres(e) => {
+                e.is_closed()
+                    || std::iter::successors(std::error::Error::source(e), |s| s.source())
+                        .any(|s| s.is::<std::io::Error>())
+            }
             _ => false,
         }
     }

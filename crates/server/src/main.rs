@@ -323,7 +323,6 @@ enum Command {
     },
 }
 
-/// A host name, with a port if need be (`localhost:3000`, `sandbox.example.com`).
 /// A node's name: what a DNS label may be (it may name the node in URLs and logs).
 fn parse_node_name(text: &str) -> Result<String, String> {
     let label = text.len() <= 63
@@ -340,14 +339,19 @@ fn parse_node_name(text: &str) -> Result<String, String> {
     }
 }
 
-/// The host's name as a node name, or `local` if it is not one.
+/// The host's name (its first label, if it is a full domain name) as a node name, or `local`
+/// if it is not one.
 fn host_node_name() -> String {
     nix::unistd::gethostname()
         .ok()
-        .and_then(|name| parse_node_name(&name.to_string_lossy()).ok())
+        .and_then(|name| {
+            let name = name.to_string_lossy();
+            parse_node_name(name.split('.').next().unwrap_or_default()).ok()
+        })
         .unwrap_or_else(|| "local".into())
 }
 
+/// A host name, with a port if need be (`localhost:3000`, `sandbox.example.com`).
 fn parse_domain(text: &str) -> Result<String, String> {
     let (host, port) = text.split_once(':').unwrap_or((text, "0"));
     let valid_host = !host.is_empty()

@@ -102,10 +102,7 @@ impl Db {
                 Ok(n as u64)
             }
             Db::Postgres(pool) => {
-                let client = pool
-                    .get()
-                    .await
-                    .map_err(|e| StoreError::Pool(e.to_string()))?;
+                let client = pool.get().await.map_err(pool_error)?;
                 Ok(client.execute(sql, &postgres_params(params)).await?)
             }
         }
@@ -130,10 +127,7 @@ impl Db {
                 Ok(all)
             }
             Db::Postgres(pool) => {
-                let client = pool
-                    .get()
-                    .await
-                    .map_err(|e| StoreError::Pool(e.to_string()))?;
+                let client = pool.get().await.map_err(pool_error)?;
                 let rows = client.query(sql, &postgres_params(params)).await?;
                 rows.iter().map(|row| read(&Row::Postgres(row))).collect()
             }
@@ -148,6 +142,15 @@ impl Db {
         read: impl Fn(&Row) -> Result<T, StoreError>,
     ) -> Result<Option<T>, StoreError> {
         Ok(self.query(sql, params, read).await?.into_iter().next())
+    }
+}
+
+/// A connection the pool could not give: the database's own error if it answered, else
+/// unavailable (no answer in time, or the pool closed).
+fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => StoreError::Postgres(e),
+        other => StoreError::Unavailable(other.to_string()),
     }
 }
 

@@ -35,6 +35,13 @@ pub fn key_id(sha256_hex: &str) -> String {
     sha256_hex.chars().take(KEY_ID_LEN).collect()
 }
 
+/// A key that may be used: its public id, and whether it is an operator's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveKey {
+    pub id: String,
+    pub operator: bool,
+}
+
 /// The API keys' table.
 #[derive(Clone)]
 pub struct Keys {
@@ -88,31 +95,20 @@ impl Keys {
             .unwrap_or_default())
     }
 
-    /// The id of the live (not revoked) key with this SHA-256, if any.
-    pub async fn id_of(&self, sha256_hex: &str) -> Result<Option<String>, StoreError> {
-        let live = self
-            .db
+    /// The live (not revoked) key with this SHA-256, if any: what a request's key stands for.
+    pub async fn live(&self, sha256_hex: &str) -> Result<Option<LiveKey>, StoreError> {
+        self.db
             .query_opt(
-                "SELECT 1 FROM api_keys WHERE sha256 = $1 AND revoked_at IS NULL",
+                "SELECT operator FROM api_keys WHERE sha256 = $1 AND revoked_at IS NULL",
                 &[sha256_hex.into()],
-                |_| Ok(()),
+                |row| {
+                    Ok(LiveKey {
+                        id: key_id(sha256_hex),
+                        operator: row.int(0)? != 0,
+                    })
+                },
             )
-            .await?;
-        Ok(live.map(|()| key_id(sha256_hex)))
-    }
-
-    /// Whether the live key with this id is an operator's.
-    pub async fn is_operator(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .db
-            .query_opt(
-                "SELECT 1 FROM api_keys WHERE substr(sha256, 1, 12) = $1
-                 AND revoked_at IS NULL AND operator = 1",
-                &[id.into()],
-                |_| Ok(()),
-            )
-            .await?
-            .is_some())
+            .await
     }
 
     /// Every key, revoked ones included, oldest first.
@@ -202,20 +198,27 @@ pub(crate) async fn behaves(keys: &Keys) {
         keys.limits("ffffffffffff").await.unwrap(),
         KeyLimits::default()
     );
+    let live = |id: &str, operator| {
+        Some(LiveKey {
+            id: id.into(),
+            operator,
+        })
+    };
+    assert_eq!(keys.live(h).await.unwrap(), live("0123456789ab", false));
+    assert_eq!(keys.live("ffff").await.unwrap(), None);
     assert_eq!(
-        keys.id_of(h).await.unwrap().as_deref(),
-        Some("0123456789ab")
+        keys.live("0123456789ab").await.unwrap(),
+        None,
+        "by the whole hash"
     );
-    assert_eq!(keys.id_of("ffff").await.unwrap(), None);
     let all = keys.all().await.unwrap();
     assert_eq!((all[0].name.as_str(), all[0].operator), ("ci", false));
-    assert!(!keys.is_operator("0123456789ab").await.unwrap());
 
     let ops = "fedcba9876543210fedc";
     keys.add(ops, "ops", 2, KeyLimits::default(), true)
         .await
         .unwrap();
-    assert!(keys.is_operator("fedcba987654").await.unwrap());
+    assert_eq!(keys.live(ops).await.unwrap(), live("fedcba987654", true));
     assert_eq!(keys.live_count().await.unwrap(), 2);
 
     assert!(!keys.revoke("nothex", 2).await.unwrap());
@@ -225,15 +228,16 @@ pub(crate) async fn behaves(keys: &Keys) {
         "already revoked"
     );
     assert_eq!(
-        keys.id_of(h).await.unwrap(),
+        keys.live(h).await.unwrap(),
         None,
         "a revoked key no longer works"
     );
     assert_eq!(keys.live_count().await.unwrap(), 1);
     assert_eq!(keys.all().await.unwrap()[0].revoked_at, Some(2));
     keys.revoke("fedcba987654", 4).await.unwrap();
-    assert!(
-        !keys.is_operator("fedcba987654").await.unwrap(),
+    assert_eq!(
+        keys.live(ops).await.unwrap(),
+        None,
         "a revoked operator key reads no node"
     );
 }

@@ -4,7 +4,9 @@
 //! applied files differ); a change of schema is a new file.
 //!
 //! Databases from before versioned migrations have no history table. They are brought up to the
-//! baseline (V1) once, by the frozen upgrades below, and then recorded as at V1.
+//! baseline (V1) by the frozen upgrades below, all in one transaction, and then recorded as at
+//! V1. If anything stops it before the history is written, the next open does it again: every
+//! upgrade finds what it already did.
 
 use super::tags::DEFAULT_TAG;
 use super::StoreError;
@@ -26,9 +28,6 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         upgrade_to_baseline(conn)?;
     }
     runner().run(conn).map_err(StoreError::Migrate)?;
-    if unversioned {
-        move_untagged_records(conn)?;
-    }
     Ok(())
 }
 
@@ -92,7 +91,8 @@ const ADDED_COLUMNS: [(&str, &str); 17] = [
 /// One transaction: tables whose keys changed are set aside, the others gain their missing
 /// columns, the baseline makes what is missing, and the set-aside rows move in.
 fn upgrade_to_baseline(conn: &mut Connection) -> Result<(), StoreError> {
-    let tx = conn.transaction()?;
+    // Immediate: the write lock first, so a CLI reading meanwhile makes it wait, not fail.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     // Before pause/resume: no `state`, `rootfs` or lifecycle flags, and a NOT NULL slot.
     let old_sandboxes = table_exists(&tx, "sandboxes")? && !has_column(&tx, "sandboxes", "state")?;
     if old_sandboxes {
@@ -147,6 +147,7 @@ fn upgrade_to_baseline(conn: &mut Connection) -> Result<(), StoreError> {
              DROP TABLE snapshots_v1;"
         ))?;
     }
+    move_untagged_records(&tx)?;
     tx.commit()?;
     Ok(())
 }
@@ -154,7 +155,7 @@ fn upgrade_to_baseline(conn: &mut Connection) -> Result<(), StoreError> {
 /// Before tags, a user template's one built rootfs was recorded under the template's id. It
 /// moves to its newest ready build's id, with the `default` tag, and the sandboxes and snapshots
 /// made from it follow.
-pub(super) fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreError> {
+pub(super) fn move_untagged_records(conn: &Connection) -> Result<(), StoreError> {
     let legacy: Vec<String> = {
         let mut stmt = conn
             .prepare("SELECT name FROM templates WHERE name IN (SELECT id FROM user_templates)")?;
@@ -162,8 +163,7 @@ pub(super) fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreEr
         rows.collect::<Result<_, _>>()?
     };
     for template in legacy {
-        let tx = conn.transaction()?;
-        let newest_ready: Option<String> = tx
+        let newest_ready: Option<String> = conn
             .query_row(
                 "SELECT id FROM template_builds WHERE template_id = ?1 AND status = 'ready'
                  ORDER BY created_at DESC, rowid DESC LIMIT 1",
@@ -174,7 +174,7 @@ pub(super) fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreEr
         // Its builds were forgotten: it gets a build record (E2B's SDK reads build ids as UUIDs).
         let build = newest_ready.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let now = chrono::Utc::now().timestamp();
-        tx.execute(
+        conn.execute(
             "INSERT OR IGNORE INTO template_builds (id, template_id, status, created_at,
                finished_at) VALUES (?1, ?2, 'ready', ?3, ?3)",
             params![build, template, now],
@@ -184,21 +184,20 @@ pub(super) fn move_untagged_records(conn: &mut Connection) -> Result<(), StoreEr
             "UPDATE sandboxes SET template = ?2 WHERE template = ?1",
             "UPDATE snapshots SET template = ?2 WHERE template = ?1",
         ] {
-            tx.execute(sql, params![template, build])?;
+            conn.execute(sql, params![template, build])?;
         }
-        tx.execute(
+        conn.execute(
             "INSERT OR IGNORE INTO template_tags (template_id, tag, build_id, created_at)
              VALUES (?1, ?2, ?3, ?4)",
             params![template, DEFAULT_TAG, build, now],
         )?;
-        tx.commit()?;
     }
     Ok(())
 }
 
 /// Every table's columns, sorted: what the schema is, whichever way it was reached.
 #[cfg(test)]
-pub(crate) fn columns(conn: &Connection) -> Vec<(String, String)> {
+fn columns(conn: &Connection) -> Vec<(String, String)> {
     let mut stmt = conn
         .prepare(
             "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c

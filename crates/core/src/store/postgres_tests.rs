@@ -44,20 +44,37 @@ async fn postgres_gets_the_tables_and_columns_sqlite_gets() {
     let again = migrations::runner().run_async(&mut client).await.unwrap();
     assert!(again.applied_migrations().is_empty());
 
+    // Every table and column, with its type, is the same on both (refinery's own history
+    // table aside, whose types refinery picks per database).
     let rows = client
         .query(
-            "SELECT table_name::text, column_name::text FROM information_schema.columns
-             WHERE table_schema = $1",
+            "SELECT table_name::text, column_name::text, data_type::text
+             FROM information_schema.columns
+             WHERE table_schema = $1 AND table_name <> 'refinery_schema_history'",
             &[&schema],
         )
         .await
         .unwrap();
-    let postgres: BTreeSet<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let postgres: BTreeSet<(String, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
     let dir = tempfile::tempdir().unwrap();
     drop(super::Store::open(&dir.path().join("db")).unwrap());
     let sqlite = rusqlite::Connection::open(dir.path().join("db")).unwrap();
-    let sqlite: BTreeSet<(String, String)> = migrations::columns(&sqlite).into_iter().collect();
+    let mut stmt = sqlite
+        .prepare(
+            "SELECT m.name, c.name, lower(c.type) FROM sqlite_master m, pragma_table_info(m.name) c
+             WHERE m.type = 'table' AND m.name <> 'refinery_schema_history'",
+        )
+        .unwrap();
+    let sqlite: BTreeSet<(String, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
     assert_eq!(postgres, sqlite);
+    assert!(postgres.contains(&("build_logs".into(), "at_ms".into(), "bigint".into())));
 
     // Integers are 64-bit on both: a build log's milliseconds and a layer's bytes fit.
     client
@@ -85,6 +102,17 @@ async fn an_unreachable_postgresql_is_unavailable_not_corrupt() {
     // Nothing listens on port 1 of loopback.
     let config = tokio_postgres::Config::from_str("host=127.0.0.1 port=1 user=x dbname=x").unwrap();
     let keys = super::Keys::new(Db::postgres(config).unwrap());
-    let err = keys.id_of("00").await.unwrap_err();
+    let err = keys.live("00").await.unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn a_refused_password_is_an_error_not_unavailable() {
+    let url = std::env::var("AIRLOCK_TEST_POSTGRES_URL").unwrap();
+    let mut config = tokio_postgres::Config::from_str(&url).unwrap();
+    config.password("not-the-password");
+    let keys = super::Keys::new(Db::postgres(config).unwrap());
+    let err = keys.live("00").await.unwrap_err();
+    assert!(!err.is_unavailable(), "{err:?}");
 }

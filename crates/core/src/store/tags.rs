@@ -337,7 +337,7 @@ mod tests {
         }
         // What opening a database from before versioned migrations does once.
         let store = Store::open(&path).unwrap();
-        crate::store::migrations::move_untagged_records(&mut store.conn()).unwrap();
+        crate::store::migrations::move_untagged_records(&store.conn()).unwrap();
         assert_eq!(starts(&store, "k1", "app").as_deref(), Some("b1"));
         let lost = starts(&store, "k1", "lost").unwrap();
         assert!(uuid::Uuid::parse_str(&lost).is_ok(), "{lost}");

@@ -6,7 +6,7 @@ use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::keys::hash_key;
 use airlock_core::lifecycle::LifecycleError;
-use airlock_core::store::SandboxRecord;
+use airlock_core::store::{LiveKey, SandboxRecord};
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
@@ -55,19 +55,17 @@ impl FromRequestParts<AppState> for Owned {
 }
 
 /// A caller whose key is an operator's (`airlock key create --operator`): the nodes' admin
-/// routes show every tenant's load, so any other key gets 403.
+/// routes show every tenant's load, so any other key gets 403. [`require_api_key`] sets it
+/// beside the [`Caller`], from the same lookup of the key.
+#[derive(Debug, Clone, Copy)]
 pub struct Operator;
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let caller = parts
-            .extensions
-            .get::<Caller>()
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
-        if state.store.keys().is_operator(&caller.0).await? {
-            return Ok(Operator);
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        if let Some(operator) = parts.extensions.get::<Operator>() {
+            return Ok(*operator);
         }
         Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -94,9 +92,12 @@ pub(crate) async fn require_api_key(
         )
         .into_response();
     }
-    match caller_of_key(&state, key).await {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
+    match live_key(&state, key).await {
+        Ok(live) => {
+            if live.operator {
+                req.extensions_mut().insert(Operator);
+            }
+            req.extensions_mut().insert(Caller(live.id));
             next.run(req).await
         }
         Err(e) => e.into_response(),
@@ -105,18 +106,20 @@ pub(crate) async fn require_api_key(
 
 /// The caller an API key stands for; 401 for an unknown or revoked one.
 pub(crate) async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
-    match state.store.keys().id_of(&hash_key(key)).await {
-        Ok(Some(id)) => Ok(Caller(id)),
-        Ok(None) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid API key (unknown or revoked)",
-        )),
-        Err(e) => {
-            tracing::error!(error = %e, "API key lookup failed");
-            Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal error; see the server log",
-            ))
-        }
-    }
+    Ok(Caller(live_key(state, key).await?.id))
+}
+
+/// The live key `key` is; 401 if it is unknown or revoked, 503 if the store cannot be reached.
+async fn live_key(state: &AppState, key: &str) -> Result<LiveKey, ApiError> {
+    state
+        .store
+        .keys()
+        .live(&hash_key(key))
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid API key (unknown or revoked)",
+            )
+        })
 }

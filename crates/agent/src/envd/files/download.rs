@@ -12,9 +12,8 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use std::io;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, BufReader};
 use tokio_util::io::ReaderStream;
 
 /// Download chunk size.
@@ -76,7 +75,7 @@ async fn serve_file(
     let mut file = tokio::fs::File::open(&path)
         .await
         .map_err(|e| FilesError::io(&e, &path))?;
-    let mut len = file
+    let len = file
         .metadata()
         .await
         .map_err(|e| FilesError::io(&e, &path))?
@@ -88,20 +87,13 @@ async fn serve_file(
             .map_err(|e| FilesError::io(&e, &path))?,
     };
     // Pseudo-files (`/proc/sys/kernel/random/boot_id`, `/sys/...`) say they are empty and are
-    // not: a file of no size is read to its end, up to a cap, as E2B's envd does. A file with
-    // a size is sent as long as it was when opened (`take`: one that grows meanwhile must not
-    // overrun the announced length).
-    let data: Pin<Box<dyn AsyncRead + Send>> = if len == 0 {
-        let mut bytes = Vec::new();
-        (&mut file)
-            .take(PSEUDO_FILE_CAP)
-            .read_to_end(&mut bytes)
-            .await
-            .map_err(|e| FilesError::io(&e, &path))?;
-        len = bytes.len() as u64;
-        Box::pin(io::Cursor::new(bytes))
+    // not: a file of no size is streamed to its end, up to a cap and with no length announced,
+    // as E2B's envd reads it. A file with a size is sent as long as it was when opened (`take`:
+    // one that grows meanwhile must not overrun the announced length).
+    let (data, length) = if len == 0 {
+        (file.take(PSEUDO_FILE_CAP), None)
     } else {
-        Box::pin(file.take(len))
+        (file.take(len), Some(len))
     };
     let name = path
         .file_name()
@@ -120,12 +112,14 @@ async fn serve_file(
                 DOWNLOAD_CHUNK,
             )))
     } else {
-        response
-            .header(header::CONTENT_LENGTH, len)
-            .body(Body::from_stream(ReaderStream::with_capacity(
-                data,
-                DOWNLOAD_CHUNK,
-            )))
+        let response = match length {
+            Some(len) => response.header(header::CONTENT_LENGTH, len),
+            None => response,
+        };
+        response.body(Body::from_stream(ReaderStream::with_capacity(
+            data,
+            DOWNLOAD_CHUNK,
+        )))
     };
     response.map_err(|e| {
         FilesError::new(
