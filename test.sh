@@ -20,11 +20,15 @@ cd "$(dirname "$0")"
 
 export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
 own_data_dir="" postgres_dir=""
-cleanup() {
+stop_postgres() {
   if [ -n "$postgres_dir" ]; then
     scripts/postgres.sh stop "$postgres_dir" || true
     rm -rf "$postgres_dir"
+    postgres_dir=""
   fi
+}
+cleanup() {
+  stop_postgres
   # --one-file-system: never into anything a failed run left mounted there.
   if [ -n "$own_data_dir" ]; then rm -rf --one-file-system "$own_data_dir"; fi
 }
@@ -52,9 +56,7 @@ grep "test result" <<<"$postgres_tests"
 # A renamed test module must not make this step pass by running nothing.
 grep -q "test result: ok. [1-9]" <<<"$postgres_tests" ||
   { echo "no PostgreSQL test ran" >&2; exit 1; }
-scripts/postgres.sh stop "$postgres_dir"
-rm -rf "$postgres_dir"
-postgres_dir=""
+stop_postgres
 echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086

@@ -49,9 +49,7 @@ impl RpcError {
         };
         Self::new(code, format!("{path}: {err}"))
     }
-}
 
-impl RpcError {
     /// A server-streaming call's failure before its first message, as connect-go (E2B's envd)
     /// answers it: HTTP 200 and the error in the end-of-stream message. Clients read a stream's
     /// HTTP error status by the status alone (404 becomes `unimplemented`, not `not_found`).

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 mod builds;
 pub mod db;
 mod keys;
-pub mod migrations;
+pub(crate) mod migrations;
 #[cfg(test)]
 mod postgres_tests;
 mod snapshots;
@@ -237,7 +237,7 @@ impl Store {
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+        db::lock(&self.conn)
     }
 
     // ------------------------------------------------------------ sandboxes

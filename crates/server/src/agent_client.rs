@@ -253,8 +253,7 @@ impl HttpAgentClient {
         }
         let mut events = ProcessEvents::new(resp.into_body());
         let (mut stdout, mut stderr) = (LineBuffer::default(), LineBuffer::default());
-        let mut started = false;
-        while let Some(event) = events.next().await.map_err(|e| worded(e, started))? {
+        while let Some(event) = events.next().await.map_err(worded)? {
             match event {
                 ProcessEvent::Data(ProcessOutput::Stdout(d) | ProcessOutput::Pty(d)) => stdout
                     .push(&d, &mut |text| {
@@ -279,8 +278,7 @@ impl HttpAgentClient {
                         _ => Ok(end.exit_code),
                     };
                 }
-                ProcessEvent::Start(_) => started = true,
-                ProcessEvent::Keepalive(_) => {}
+                ProcessEvent::Start(_) | ProcessEvent::Keepalive(_) => {}
             }
         }
         Err("the output stream ended before the command did".into())
@@ -288,12 +286,9 @@ impl HttpAgentClient {
 }
 
 /// A failed event stream, worded for the server's own calls (a build step's, say): the agent is
-/// the other side. An error the stream ends with before the command started is why it did not.
-fn worded(e: EventsError, started: bool) -> String {
+/// the other side.
+fn worded(e: EventsError) -> String {
     match e {
-        EventsError::Ended { message, .. } if !started => {
-            format!("the command did not start: {message}")
-        }
         EventsError::Broken(e) => format!("the output stream broke: {e}"),
         EventsError::Unexpected(e) => format!("unexpected message from the agent: {e}"),
         other => other.to_string(),

@@ -6,7 +6,7 @@
 //! template builds.
 
 use crate::http::verbs::Verbs;
-pub use airlock_core::disk_usage::{disk_space, DiskSpace};
+use airlock_core::disk_usage::disk_space;
 use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
 use airlock_core::store::Store;
 use axum::extract::State;

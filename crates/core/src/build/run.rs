@@ -398,8 +398,8 @@ impl Builder {
     /// `min_free_bytes` free; checked every 250 ms while a step runs.
     async fn disk_runs_low(&self) -> String {
         loop {
-            if let Ok(stat) = nix::sys::statvfs::statvfs(&self.templates_dir) {
-                let free = stat.blocks_available() * stat.fragment_size();
+            if let Some(space) = crate::disk_usage::disk_space(&self.templates_dir) {
+                let free = space.available;
                 if free < self.min_free_bytes {
                     return format!(
                         "the server's disk is nearly full ({} MiB free; builds leave {} MiB \

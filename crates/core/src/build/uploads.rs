@@ -303,8 +303,8 @@ impl Uploads {
     /// Refuses once the disk the archives are on has less than the builds' reserve free.
     fn check_disk(&self) -> Result<(), UploadError> {
         let dir = self.blobs.parent().unwrap_or(&self.blobs);
-        match nix::sys::statvfs::statvfs(dir) {
-            Ok(stat) if stat.blocks_available() * stat.fragment_size() < self.min_free_bytes => {
+        match crate::disk_usage::disk_space(dir) {
+            Some(space) if space.available < self.min_free_bytes => {
                 Err(UploadError::DiskFull(self.min_free_bytes))
             }
             _ => Ok(()),

@@ -54,21 +54,11 @@ pub enum Row<'a> {
 }
 
 impl Row<'_> {
-    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
-        Ok(match self {
-            Row::Sqlite(r) => r.get(i)?,
-            Row::Postgres(r) => r.try_get(i)?,
-        })
-    }
-
-    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
-        Ok(match self {
-            Row::Sqlite(r) => r.get(i)?,
-            Row::Postgres(r) => r.try_get(i)?,
-        })
-    }
-
-    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+    /// Column `i` as an `i64` or a `String`, or as an `Option` of one where it may be NULL.
+    pub fn get<T>(&self, i: usize) -> Result<T, StoreError>
+    where
+        T: rusqlite::types::FromSql + for<'r> tokio_postgres::types::FromSql<'r>,
+    {
         Ok(match self {
             Row::Sqlite(r) => r.get(i)?,
             Row::Postgres(r) => r.try_get(i)?,
@@ -154,7 +144,7 @@ fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     }
 }
 
-fn lock(conn: &Mutex<rusqlite::Connection>) -> MutexGuard<'_, rusqlite::Connection> {
+pub(super) fn lock(conn: &Mutex<rusqlite::Connection>) -> MutexGuard<'_, rusqlite::Connection> {
     conn.lock().unwrap_or_else(|e| e.into_inner())
 }
 

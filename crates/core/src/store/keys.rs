@@ -104,7 +104,7 @@ impl Keys {
                 |row| {
                     Ok(LiveKey {
                         id: key_id(sha256_hex),
-                        operator: row.int(0)? != 0,
+                        operator: row.get::<i64>(0)? != 0,
                     })
                 },
             )
@@ -120,11 +120,11 @@ impl Keys {
                 &[],
                 |row| {
                     Ok(ApiKeyRecord {
-                        id: key_id(&row.text(0)?),
-                        name: row.text(1)?,
-                        created_at: row.int(2)?,
-                        revoked_at: row.opt_int(3)?,
-                        operator: row.int(4)? != 0,
+                        id: key_id(&row.get::<String>(0)?),
+                        name: row.get(1)?,
+                        created_at: row.get(2)?,
+                        revoked_at: row.get(3)?,
+                        operator: row.get::<i64>(4)? != 0,
                         limits: read_limits(5)(row)?,
                     })
                 },
@@ -155,7 +155,7 @@ impl Keys {
             .query_opt(
                 "SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL",
                 &[],
-                |row| row.int(0),
+                |row| row.get::<i64>(0),
             )
             .await?;
         Ok(count.unwrap_or(0).max(0) as u64)
@@ -167,13 +167,15 @@ fn read_limits(first: usize) -> impl Fn(&Row) -> Result<KeyLimits, StoreError> {
     move |row| {
         let limit = |i| -> Result<Option<u32>, StoreError> {
             Ok(row
-                .opt_int(first + i)?
+                .get::<Option<i64>>(first + i)?
                 .map(|n| n.clamp(0, u32::MAX.into()) as u32))
         };
         Ok(KeyLimits {
             max_running: limit(0)?,
             max_paused: limit(1)?,
-            max_snapshot_mb: row.opt_int(first + 2)?.map(|mb| mb.max(0) as u64),
+            max_snapshot_mb: row
+                .get::<Option<i64>>(first + 2)?
+                .map(|mb| mb.max(0) as u64),
         })
     }
 }

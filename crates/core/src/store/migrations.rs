@@ -4,9 +4,10 @@
 //! applied files differ); a change of schema is a new file.
 //!
 //! Databases from before versioned migrations have no history table. They are brought up to the
-//! baseline (V1) by the frozen upgrades below, all in one transaction, and then recorded as at
-//! V1. If anything stops it before the history is written, the next open does it again: every
-//! upgrade finds what it already did.
+//! baseline (V1) by the frozen upgrades below, all in one transaction (V1's own SQL among them,
+//! for the tables they lack), and then refinery applies V1 again, which its `IF NOT EXISTS`
+//! makes a no-op, and records it. If anything stops it before the history is written, the next
+//! open does it again: every upgrade finds what it already did.
 
 use super::tags::DEFAULT_TAG;
 use super::StoreError;
@@ -17,7 +18,7 @@ mod embedded {
 }
 
 /// The migration set, for any backend refinery drives (the PostgreSQL tests use it too).
-pub fn runner() -> refinery::Runner {
+pub(crate) fn runner() -> refinery::Runner {
     embedded::migrations::runner()
 }
 

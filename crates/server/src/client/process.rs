@@ -123,11 +123,9 @@ impl Process {
             pid: 0,
             events: ProcessEvents::new(resp.into_body()),
         };
-        // The agent answers a command it cannot start (no such directory or user) as envd
-        // does: a stream that ends with the error at once.
         match process.events.next().await {
             Ok(Some(ProcessEvent::Start(started))) => process.pid = started.pid,
-            Err(EventsError::Ended { message, .. }) => {
+            Err(EventsError::NotStarted { message }) => {
                 return Err(ClientError::Failed(format!(
                     "starting the command failed: {message}"
                 )))
@@ -172,6 +170,9 @@ impl Process {
 pub struct ProcessEvents {
     body: hyper::body::Incoming,
     decoder: Decoder,
+    /// The `Start` event came: an error the stream ends with before it is why the agent did
+    /// not start the command (no such directory or user), which it answers as envd does.
+    started: bool,
 }
 
 /// Why a process's event stream failed (each reader may word it for its own readers).
@@ -181,6 +182,9 @@ pub enum EventsError {
     Broken(hyper::Error),
     #[error(transparent)]
     Envelope(#[from] connect::DecodeError),
+    /// The stream ended with this error before the command started.
+    #[error("the command did not start: {message}")]
+    NotStarted { message: String },
     /// The stream's end message carried this error.
     #[error("{code:?}: {message}")]
     Ended {
@@ -196,6 +200,7 @@ impl ProcessEvents {
         ProcessEvents {
             body,
             decoder: Decoder::default(),
+            started: false,
         }
     }
 
@@ -208,6 +213,9 @@ impl ProcessEvents {
                     let end: connect::EndOfStream =
                         serde_json::from_slice(&env.payload).unwrap_or_default();
                     return match end.error {
+                        Some(err) if !self.started => Err(EventsError::NotStarted {
+                            message: err.message,
+                        }),
                         Some(err) => Err(EventsError::Ended {
                             code: err.code,
                             message: err.message,
@@ -217,6 +225,7 @@ impl ProcessEvents {
                 }
                 let msg: ProcessEventMessage =
                     serde_json::from_slice(&env.payload).map_err(EventsError::Unexpected)?;
+                self.started |= matches!(msg.event, ProcessEvent::Start(_));
                 return Ok(Some(msg.event));
             }
             match self.body.frame().await {

@@ -170,7 +170,7 @@ async fn overview(
             }
         })
         .collect();
-    let disk = crate::operator_metrics::disk_space(&state.data_dir);
+    let disk = airlock_core::disk_usage::disk_space(&state.data_dir);
     let host = Headroom {
         sandboxes_running: load
             .phases

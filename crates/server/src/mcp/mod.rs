@@ -69,7 +69,7 @@ impl AirlockMcp {
                     return Err("this request carried no API key".into());
                 };
                 // Requests of the 2026-07-28 protocol have no session.
-                let in_session = parts.is_some_and(|p| p.headers.contains_key("mcp-session-id"));
+                let in_session = parts.is_some_and(|p| p.headers.contains_key(HEADER_SESSION_ID));
                 let scope = if in_session {
                     Scope::Session
                 } else {

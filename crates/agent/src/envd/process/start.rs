@@ -33,19 +33,20 @@ pub(super) async fn start(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let req: StartRequest = match rpc::read_stream_request(body).await {
-        Ok(r) => r,
-        Err(e) => return e.into_stream_response(),
-    };
-    let user = match processes.config.rpc_user(&headers) {
-        Ok(u) => u,
-        Err(e) => return e.into_stream_response(),
-    };
-    let (handle, events) = match spawn(&processes, &user, req) {
-        Ok(spawned) => spawned,
-        Err(e) => return e.into_stream_response(),
-    };
-    let deadline = rpc::timeout(&headers);
+    start_stream(&processes, &headers, body)
+        .await
+        .unwrap_or_else(RpcError::into_stream_response)
+}
+
+async fn start_stream(
+    processes: &Arc<Processes>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, RpcError> {
+    let req: StartRequest = rpc::read_stream_request(body).await?;
+    let user = processes.config.rpc_user(headers)?;
+    let (handle, events) = spawn(processes, &user, req)?;
+    let deadline = rpc::timeout(headers);
     if let Some(limit) = deadline {
         let handle = handle.clone();
         tokio::spawn(async move {
@@ -54,9 +55,9 @@ pub(super) async fn start(
         });
     }
     let (tx, resp) = rpc::stream_response();
-    let keepalive = rpc::keepalive_interval(&headers);
+    let keepalive = rpc::keepalive_interval(headers);
     tokio::spawn(forward_events(tx, handle.pid, events, keepalive, deadline));
-    resp
+    Ok(resp)
 }
 
 /// The program to run for `cmd`. The SDK runs every command with `/bin/bash -l -c`; an image

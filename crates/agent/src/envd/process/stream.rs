@@ -68,11 +68,11 @@ pub(super) async fn connect(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let req: ConnectRequest = match rpc::read_stream_request(body).await {
-        Ok(r) => r,
-        Err(e) => return e.into_stream_response(),
+    let handle = async {
+        let req: ConnectRequest = rpc::read_stream_request(body).await?;
+        processes.table.find(&req.process)
     };
-    let handle = match processes.table.find(&req.process) {
+    let handle = match handle.await {
         Ok(h) => h,
         Err(e) => return e.into_stream_response(),
     };
