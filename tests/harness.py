@@ -89,23 +89,33 @@ class Server:
         resp = conn.getresponse()
         return resp.status, resp.read().decode(errors="replace")
 
+    def reset_peak_memory(self):
+        """Starts the server's peak resident memory (`peak_memory_mib`) afresh from now."""
+        with open(f"/proc/{self.proc.pid}/clear_refs", "w") as f:
+            f.write("5")
+
+    def peak_memory_mib(self):
+        """The server's peak resident memory (VmHWM), in MiB."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(next(l for l in status.splitlines() if l.startswith("VmHWM")).split()[1]) // 1024
+
     def api(self, method, path, body=None, key=API_KEY, raw=None, headers=None):
         """A raw control-plane call; returns (status, parsed JSON or None)."""
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        if key is not None:
-            req.add_header("X-API-KEY", key)
-        req.add_header("Content-Type", "application/json")
-        for k, v in (headers or {}).items():
-            req.add_header(k, v)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                text = r.read()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            text = e.read()
-            status = e.code
+        sent = {"X-API-KEY": key} if key is not None else {}
+        sent = {**sent, "Content-Type": "application/json", **(headers or {})}
+        status, _, text = fetch(self.url + path, sent, method, data)
         return status, (json.loads(text) if text else None)
+
+
+def fetch(url, headers=None, method="GET", data=None):
+    """One HTTP request; returns (status, headers, body bytes), error statuses included."""
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
 
 
 def host_leftovers(data_dir: Path):

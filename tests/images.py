@@ -239,3 +239,16 @@ def musl_layout() -> Path:
                 "--config.env", "IMAGE_FLAVOUR=musl", "--config.workingdir", "/tmp")
 
     return _cached_layout("musl", make)
+
+
+def assert_musl_hello_runs(template, name, path="/home/user/pulled"):
+    """Builds `template` (from an image of `musl_layout`) as `name` with a step that runs its
+    `hello` into `path`, starts a sandbox of it and checks what the step wrote."""
+    from e2b import Sandbox, Template
+
+    Template.build(template.run_cmd(f"hello > {path}"), name)
+    sbx = Sandbox.create(name)
+    try:
+        assert sbx.commands.run(f"cat {path}").stdout == "hello from musl\n"
+    finally:
+        sbx.kill()

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import AIRLOCK, API_KEY, footprint, free_port, host_leftovers, slot, start_server  # noqa: E402,F401
+from browser import Browser  # noqa: E402
 from images import Registry  # noqa: E402
 from outside import Outside  # noqa: E402
 
@@ -142,6 +143,14 @@ def sandbox_factory(server):
             sbx.kill()
         except Exception:
             pass
+
+
+@pytest.fixture
+def browser():
+    """A headless Chromium, closed afterwards."""
+    b = Browser()
+    yield b
+    b.close()
 
 
 @pytest.fixture

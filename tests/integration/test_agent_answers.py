@@ -22,11 +22,6 @@ print(len(deep))
 """
 
 
-def peak_rss_mib(server):
-    status = open(f"/proc/{server.proc.pid}/status").read()
-    return int(next(l for l in status.splitlines() if l.startswith("VmHWM")).split()[1]) // 1024
-
-
 def test_a_huge_listing_is_refused_at_its_cap_not_buffered(server):
     deep = "/home/user/" + "/".join(c * 250 for c in "abcdefghijklmn")
     seen = {}
@@ -36,16 +31,15 @@ def test_a_huge_listing_is_refused_at_its_cap_not_buffered(server):
         assert not made.is_error, text_of(made)
         # The positive control first: a listing under the cap comes back whole.
         seen["small"] = await client.call_tool("list_files", {"path": "/home/user"})
-        with open(f"/proc/{server.proc.pid}/clear_refs", "w") as f:
-            f.write("5")  # the peak from here on
-        seen["before"] = peak_rss_mib(server)
+        server.reset_peak_memory()  # the peak from here on
+        seen["before"] = server.peak_memory_mib()
         seen["huge"] = await client.call_tool("list_files", {"path": deep})
 
     try:
         session(server, "http-session", steps)
     except Exception as e:  # what the client makes of an answer it cannot take
         seen.setdefault("huge", e)
-    grew = peak_rss_mib(server) - seen["before"]
+    grew = server.peak_memory_mib() - seen["before"]
     small, huge = seen["small"], seen["huge"]
     assert not small.is_error and "aaaa" in text_of(small), text_of(small)[:500]
     assert grew < 64, f"the server's memory rose by {grew} MiB ({huge!r:.300})"

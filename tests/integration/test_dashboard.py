@@ -4,20 +4,13 @@ builds and build logs; the host's headroom. The page asks for the key; its API a
 without it (test_tenants_dashboard.py has the attacks on it)."""
 
 import os
-import urllib.request
 
 import pytest
 from e2b import NotFoundException, Sandbox, Template
 
-from browser import Browser, open_dashboard
+from browser import open_dashboard
 from conftest import API_KEY
-
-
-@pytest.fixture
-def browser():
-    b = Browser()
-    yield b
-    b.close()
+from harness import fetch
 
 
 def row(sandbox_id, what="dataset.state"):
@@ -73,12 +66,7 @@ def test_the_dashboard_shows_and_drives_the_keys_sandboxes_and_templates(server,
 
 
 def request(server, path, method="GET", headers=None):
-    req = urllib.request.Request(server.url + path, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read()
+    return fetch(server.url + path, headers, method)
 
 
 def test_without_the_key_it_is_401_and_bad_actions_are_404(server, sandbox):

@@ -12,9 +12,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from e2b import BuildException, Sandbox, Template
+from e2b import BuildException, Template
 
-from images import musl_layout
+from images import assert_musl_hello_runs, musl_layout
 
 # What the hostile registry sends at most before it gives up: enough that reading it whole
 # shows in the server's memory.
@@ -140,32 +140,20 @@ def hostile(server, registry):
     httpd.shutdown()
 
 
-def peak_rss_mib(server):
-    status = open(f"/proc/{server.proc.pid}/status").read()
-    return int(next(l for l in status.splitlines() if l.startswith("VmHWM")).split()[1]) // 1024
-
-
 def failed_build(server, image, names):
     """Builds `image`; returns the build's error and how far the server's peak memory rose
     meanwhile (the peak is reset first, so a buffer freed again still counts)."""
-    with open(f"/proc/{server.proc.pid}/clear_refs", "w") as f:
-        f.write("5")
-    before = peak_rss_mib(server)
+    server.reset_peak_memory()
+    before = server.peak_memory_mib()
     name = names()
     with pytest.raises(BuildException) as err:
         Template.build(Template().from_image(image), name)
     assert not Template.exists(name)
-    return str(err.value), peak_rss_mib(server) - before
+    return str(err.value), server.peak_memory_mib() - before
 
 
 def builds(image, names):
-    name = names()
-    Template.build(Template().from_image(image).run_cmd("hello > /tmp/pulled"), name)
-    sbx = Sandbox.create(name)
-    try:
-        assert sbx.commands.run("cat /tmp/pulled").stdout == "hello from musl\n"
-    finally:
-        sbx.kill()
+    assert_musl_hello_runs(Template().from_image(image), names(), path="/tmp/pulled")
 
 
 def test_a_manifest_without_end_is_cut_off_at_its_cap(server, hostile, names):

@@ -14,7 +14,7 @@ from e2b import BuildException, Sandbox, Template
 
 from conftest import AIRLOCK, API_KEY
 from harness import build_messages as messages
-from images import Registry, debian_layout, musl_layout
+from images import Registry, assert_musl_hello_runs, debian_layout, musl_layout
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +92,7 @@ def test_an_image_with_zstd_layers_is_unpacked(names, registry):
     image = registry.push(musl_layout(), "latest", "test/musl-zstd:1", zstd=True)
     assert registry.layer_types("test/musl-zstd", "1") == [
         "application/vnd.oci.image.layer.v1.tar+zstd"]
-    name = names()
-    Template.build(Template().from_image(image).run_cmd("hello > /home/user/pulled"), name)
-    sbx = Sandbox.create(name)
-    try:
-        assert sbx.commands.run("cat /home/user/pulled").stdout == "hello from musl\n"
-    finally:
-        sbx.kill()
+    assert_musl_hello_runs(Template().from_image(image), names())
 
 
 def test_blobs_no_pull_used_lately_are_collected_at_start(names, registry, musl_image,
@@ -198,14 +192,8 @@ def test_a_private_registry_is_pulled_from_with_its_credentials_only(names, priv
             Template.build(Template().from_image(image, **kwargs), name)
         assert expected in str(err.value), (kwargs, err.value)
         assert not Template.exists(name)
-    name = names()
-    Template.build(Template().from_image(image, username="tester", password="secret")
-                   .run_cmd("hello > /home/user/pulled"), name)
-    sbx = Sandbox.create(name)
-    try:
-        assert sbx.commands.run("cat /home/user/pulled").stdout == "hello from musl\n"
-    finally:
-        sbx.kill()
+    assert_musl_hello_runs(Template().from_image(image, username="tester", password="secret"),
+                           names())
 
 
 def test_bad_registry_credentials_are_refused_before_the_build(names, registry):

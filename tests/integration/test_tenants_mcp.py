@@ -40,11 +40,13 @@ def mcp(server, key, method, body=None, session=None, headers=None):
     return status, answer, events
 
 
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": PROTOCOL, "capabilities": {},
+                         "clientInfo": {"name": "test", "version": "1"}}}
+
+
 def open_session(server, key):
-    status, headers, _ = mcp(server, key, "POST", {
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": PROTOCOL, "capabilities": {},
-                   "clientInfo": {"name": "test", "version": "1"}}})
+    status, headers, _ = mcp(server, key, "POST", INITIALIZE)
     assert status == 200, status
     session = headers["Mcp-Session-Id"]
     status, _, _ = mcp(server, key, "POST", {"jsonrpc": "2.0", "method": "notifications/initialized"},
@@ -170,10 +172,7 @@ def test_sessions_of_two_keys_side_by_side(server, other_key):
 def test_one_key_cannot_open_sessions_without_end(server, other_key):
     """Each open session holds memory until it idles out: a key may have 64 at once."""
     opened = [open_session(server, other_key) for _ in range(64)]
-    status, _, body = mcp(server, other_key, "POST", {
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": PROTOCOL, "capabilities": {},
-                   "clientInfo": {"name": "test", "version": "1"}}})
+    status, _, body = mcp(server, other_key, "POST", INITIALIZE)
     assert status == 429 and "64 MCP sessions" in json.loads(body)["message"], (status, body)
     # Another key is not held up by it; and one ended session makes room.
     mine = open_session(server, API_KEY)
