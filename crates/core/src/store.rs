@@ -1,6 +1,7 @@
 //! State in one SQLite file under the data dir: sandboxes, templates, snapshots and API keys.
-//! The API keys ([`Keys`]) already run on [`db::Db`], which is SQLite here and PostgreSQL for
-//! many machines; the rest follows one table at a time.
+//! The API keys ([`Keys`]) and the volumes' records ([`VolumeRecords`]) already run on
+//! [`db::Db`], which is SQLite here and PostgreSQL for many machines; the rest follows one table
+//! at a time.
 //!
 //! Every write is a single statement, so a `kill -9` at any point leaves a consistent file.
 
@@ -25,7 +26,9 @@ pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
 pub use snapshots::SnapshotRecord;
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
-pub use volumes::{valid_volume_name, VolumeMount, VolumeRecord};
+pub use volumes::{
+    valid_volume_name, VolumeMount, VolumeQuota, VolumeRecord, VolumeRecords, VolumeUsage,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -204,6 +207,7 @@ impl Default for TemplateDefaults {
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
     keys: Keys,
+    volumes: VolumeRecords,
 }
 
 impl Store {
@@ -225,8 +229,10 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrations::migrate(&mut conn)?;
         let conn = Arc::new(Mutex::new(conn));
+        let db = db::Db::Sqlite(conn.clone());
         Ok(Store {
-            keys: Keys::new(db::Db::Sqlite(conn.clone())),
+            keys: Keys::new(db.clone()),
+            volumes: VolumeRecords::new(db),
             conn,
         })
     }
@@ -234,6 +240,11 @@ impl Store {
     /// The API keys, which gateways will read from PostgreSQL.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The volumes' records, which gateways will read from PostgreSQL.
+    pub fn volumes(&self) -> &VolumeRecords {
+        &self.volumes
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {

@@ -82,9 +82,9 @@ impl Lifecycle {
             },
         };
         let volume_mounts = match &source {
-            Source::Template(_) => self.volumes.resolve(owner, &params.volume_mounts)?,
+            Source::Template(_) => self.volumes.resolve(owner, &params.volume_mounts).await?,
             Source::Snapshot(s) if params.volume_mounts.is_empty() => {
-                self.volumes.check_still_there(owner, &s.volume_mounts)?;
+                self.volumes.check_still_there(owner, &s.volume_mounts).await?;
                 s.volume_mounts.clone()
             }
             Source::Snapshot(s) => {

@@ -21,7 +21,7 @@ impl Lifecycle {
     /// (its host cleanup runs after the kill has answered). Snapshots do not hold a volume: a
     /// sandbox started from one whose volume is gone is refused instead.
     pub async fn delete_volume(&self, owner: &str, id: &str) -> Result<bool, LifecycleError> {
-        let volume = match self.volumes.get(owner, id) {
+        let volume = match self.volumes.get(owner, id).await {
             Ok(volume) => volume,
             Err(VolumeError::NotFound(_)) => return Ok(false),
             Err(e) => return Err(e.into()),

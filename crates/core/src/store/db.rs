@@ -124,6 +124,39 @@ impl Db {
         }
     }
 
+    /// Runs one write whose `WHERE` checks what it may do (a quota, a name still free), as if
+    /// no other write ran at the same time, so that two gateways admitting at once cannot both
+    /// pass a check only one of them may. SQLite runs one statement at a time anyway;
+    /// PostgreSQL runs it `SERIALIZABLE`, retrying when it had to give way to a concurrent
+    /// write. Returns how many rows it changed.
+    pub async fn admit(&self, sql: &str, params: &[Value<'_>]) -> Result<u64, StoreError> {
+        let Db::Postgres(pool) = self else {
+            return self.execute(sql, params).await;
+        };
+        let mut client = pool.get().await.map_err(pool_error)?;
+        let mut attempt = 0;
+        loop {
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::Serializable)
+                .start()
+                .await?;
+            let outcome = match tx.execute(sql, &postgres_params(params)).await {
+                Ok(n) => tx.commit().await.map(|()| n),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Err(e) if is_serialization_failure(&e) && attempt < ADMIT_ATTEMPTS => {
+                    attempt += 1;
+                    // Apart, so that the writes that collided do not collide again.
+                    let pause = 2 * attempt + rand::random::<u64>() % (4 * attempt);
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                outcome => return Ok(outcome?),
+            }
+        }
+    }
+
     /// The first row of a query, if any.
     pub async fn query_opt<T>(
         &self,
@@ -133,6 +166,13 @@ impl Db {
     ) -> Result<Option<T>, StoreError> {
         Ok(self.query(sql, params, read).await?.into_iter().next())
     }
+}
+
+/// How often [`Db::admit`] tries again after giving way to a concurrent write.
+const ADMIT_ATTEMPTS: u64 = 20;
+
+fn is_serialization_failure(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE)
 }
 
 /// A connection the pool could not give: the database's own error if it answered, else

@@ -97,6 +97,16 @@ async fn postgres_keeps_keys_as_sqlite_does() {
     drop_schema(&client, &schema).await;
 }
 
+/// Many tasks on many connections, as gateways are: a key's volume quota holds among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_volumes_as_sqlite_does() {
+    let (client, config, schema) = migrated_schema().await;
+    let volumes = super::VolumeRecords::new(Db::postgres(config).unwrap());
+    super::volumes::behaves(&volumes).await;
+    drop_schema(&client, &schema).await;
+}
+
 #[tokio::test]
 async fn an_unreachable_postgresql_is_unavailable_not_corrupt() {
     // Nothing listens on port 1 of loopback.

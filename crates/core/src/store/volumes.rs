@@ -3,8 +3,8 @@
 //! the API and the SDK use. Each volume has its own token, which E2B's SDK sends to the volume
 //! content API, and a size limit.
 
-use super::{Store, StoreError};
-use rusqlite::{params, OptionalExtension, Row};
+use super::db::{Db, Row, Value};
+use super::StoreError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRecord {
@@ -33,131 +33,252 @@ pub fn valid_volume_name(name: &str) -> bool {
     crate::ids::TemplateName::parse(name).is_ok()
 }
 
+/// What one key's volumes may add up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeQuota {
+    pub count: u64,
+    pub total_mb: u64,
+}
+
+/// What one key holds in volumes, and whether a name is among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub count: u64,
+    pub total_mb: u64,
+    pub name_taken: bool,
+}
+
 const COLUMNS: &str = "id, owner, name, token, size_limit_mb, created_at";
 
-fn record(row: &Row<'_>) -> rusqlite::Result<VolumeRecord> {
+fn record(row: &Row) -> Result<VolumeRecord, StoreError> {
     Ok(VolumeRecord {
         id: row.get(0)?,
         owner: row.get(1)?,
         name: row.get(2)?,
         token: row.get(3)?,
-        size_limit_mb: row.get(4)?,
+        size_limit_mb: row.get::<i64>(4)?.max(0) as u64,
         created_at: row.get(5)?,
     })
 }
 
-impl Store {
-    /// Records a new volume; `false` if its owner has one of that name already.
-    pub fn insert_volume(&self, v: &VolumeRecord) -> Result<bool, StoreError> {
-        let inserted = self.conn().execute(
-            "INSERT INTO volumes (id, owner, name, token, size_limit_mb, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (owner, name) DO NOTHING",
-            params![
-                v.id,
-                v.owner,
-                v.name,
-                v.token,
-                v.size_limit_mb,
-                v.created_at
-            ],
-        )?;
-        Ok(inserted == 1)
+/// The volumes' table, on SQLite or PostgreSQL ([`Db`]).
+#[derive(Clone)]
+pub struct VolumeRecords {
+    db: Db,
+}
+
+impl VolumeRecords {
+    pub fn new(db: Db) -> VolumeRecords {
+        VolumeRecords { db }
+    }
+
+    /// Records `v` if its owner has no volume of that name and stays within `quota` with it,
+    /// checked and written at once, whichever gateway or task creates at the same time.
+    /// `false` if refused: [`VolumeRecords::usage`] says why.
+    pub async fn admit(&self, v: &VolumeRecord, quota: VolumeQuota) -> Result<bool, StoreError> {
+        let admitted = self
+            .db
+            .admit(
+                "INSERT INTO volumes (id, owner, name, token, size_limit_mb, created_at)
+                 SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS TEXT), CAST($4 AS TEXT),
+                        CAST($5 AS BIGINT), CAST($6 AS BIGINT)
+                 WHERE (SELECT COUNT(*) FROM volumes WHERE owner = CAST($2 AS TEXT))
+                         < CAST($7 AS BIGINT)
+                   AND (SELECT COALESCE(SUM(size_limit_mb), 0) FROM volumes
+                        WHERE owner = CAST($2 AS TEXT)) + CAST($5 AS BIGINT)
+                         <= CAST($8 AS BIGINT)
+                 ON CONFLICT (owner, name) DO NOTHING",
+                &[
+                    v.id.as_str().into(),
+                    v.owner.as_str().into(),
+                    v.name.as_str().into(),
+                    v.token.as_str().into(),
+                    clamp(v.size_limit_mb).into(),
+                    v.created_at.into(),
+                    clamp(quota.count).into(),
+                    clamp(quota.total_mb).into(),
+                ],
+            )
+            .await?;
+        Ok(admitted == 1)
+    }
+
+    /// How many volumes `owner` has, their MiB together, and whether one is called `name`.
+    pub async fn usage(&self, owner: &str, name: &str) -> Result<VolumeUsage, StoreError> {
+        let usage = self
+            .db
+            .query_opt(
+                "SELECT COUNT(*), CAST(COALESCE(SUM(size_limit_mb), 0) AS BIGINT),
+                        CAST(COALESCE(SUM(CASE WHEN name = $2 THEN 1 ELSE 0 END), 0) AS BIGINT)
+                 FROM volumes WHERE owner = $1",
+                &[owner.into(), name.into()],
+                |row| {
+                    Ok(VolumeUsage {
+                        count: row.get::<i64>(0)?.max(0) as u64,
+                        total_mb: row.get::<i64>(1)?.max(0) as u64,
+                        name_taken: row.get::<i64>(2)? > 0,
+                    })
+                },
+            )
+            .await?;
+        Ok(usage.expect("an aggregate answers one row"))
     }
 
     /// `owner`'s volume with that id; another key's is not found, as one that does not exist.
-    pub fn volume(&self, owner: &str, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM volumes WHERE owner = ?1 AND id = ?2"),
-                params![owner, id],
+    pub async fn get(&self, owner: &str, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+        self.db
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM volumes WHERE owner = $1 AND id = $2"),
+                &[owner.into(), id.into()],
                 record,
             )
-            .optional()?)
+            .await
     }
 
     /// The volume with that id, whoever owns it (for the content API, which the volume's own
     /// token authenticates).
-    pub fn volume_by_id(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM volumes WHERE id = ?1"),
-                params![id],
+    pub async fn by_id(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+        self.db
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM volumes WHERE id = $1"),
+                &[id.into()],
                 record,
             )
-            .optional()?)
+            .await
     }
 
     /// `owner`'s volumes, oldest first.
-    pub fn volumes(&self, owner: &str) -> Result<Vec<VolumeRecord>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {COLUMNS} FROM volumes WHERE owner = ?1 ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map(params![owner], record)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn of(&self, owner: &str) -> Result<Vec<VolumeRecord>, StoreError> {
+        self.db
+            .query(
+                &format!("SELECT {COLUMNS} FROM volumes WHERE owner = $1 ORDER BY created_at, id"),
+                &[owner.into()],
+                record,
+            )
+            .await
     }
 
     /// Every volume, for the server's start (their host directories must be there).
-    pub fn all_volumes(&self) -> Result<Vec<VolumeRecord>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM volumes ORDER BY id"))?;
-        let rows = stmt.query_map([], record)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn all(&self) -> Result<Vec<VolumeRecord>, StoreError> {
+        self.db
+            .query(
+                &format!("SELECT {COLUMNS} FROM volumes ORDER BY id"),
+                &[],
+                record,
+            )
+            .await
     }
 
     /// Forgets `owner`'s volume; `false` if it had none with that id.
-    pub fn delete_volume(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
-        let deleted = self.conn().execute(
-            "DELETE FROM volumes WHERE owner = ?1 AND id = ?2",
-            params![owner, id],
-        )?;
+    pub async fn delete(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
+        let deleted = self
+            .db
+            .execute(
+                "DELETE FROM volumes WHERE owner = $1 AND id = $2",
+                &[Value::Text(owner), Value::Text(id)],
+            )
+            .await?;
         Ok(deleted == 1)
+    }
+}
+
+/// A count or size as the database's signed 64 bits.
+fn clamp(n: u64) -> i64 {
+    n.min(i64::MAX as u64) as i64
+}
+
+/// What both backends must do alike; run on SQLite below and on PostgreSQL by
+/// `store::postgres_tests`.
+#[cfg(test)]
+pub(crate) async fn behaves(volumes: &VolumeRecords) {
+    let volume = |id: &str, owner: &str, name: &str| VolumeRecord {
+        id: id.into(),
+        owner: owner.into(),
+        name: name.into(),
+        token: format!("tok-{id}"),
+        size_limit_mb: 64,
+        created_at: 1,
+    };
+    let roomy = VolumeQuota {
+        count: 10,
+        total_mb: 1 << 20,
+    };
+    assert!(volumes.admit(&volume("v1", "alice", "data"), roomy).await.unwrap());
+    assert!(!volumes.admit(&volume("v2", "alice", "data"), roomy).await.unwrap());
+    assert!(volumes.admit(&volume("v3", "bob", "data"), roomy).await.unwrap());
+    assert_eq!(
+        volumes.usage("alice", "data").await.unwrap(),
+        VolumeUsage {
+            count: 1,
+            total_mb: 64,
+            name_taken: true
+        }
+    );
+    assert!(!volumes.usage("carol", "data").await.unwrap().name_taken);
+
+    assert_eq!(volumes.get("alice", "v1").await.unwrap().unwrap().token, "tok-v1");
+    assert_eq!(volumes.get("bob", "v1").await.unwrap(), None);
+    assert_eq!(volumes.by_id("v3").await.unwrap().unwrap().owner, "bob");
+    let ids = |all: Vec<VolumeRecord>| all.into_iter().map(|v| v.id).collect::<Vec<_>>();
+    assert_eq!(ids(volumes.of("alice").await.unwrap()), ["v1"]);
+    assert_eq!(ids(volumes.all().await.unwrap()), ["v1", "v3"]);
+
+    // The quota counts volumes and their MiB.
+    let two = VolumeQuota {
+        count: 2,
+        total_mb: 1 << 20,
+    };
+    assert!(volumes.admit(&volume("v4", "alice", "more"), two).await.unwrap());
+    assert!(!volumes.admit(&volume("v5", "alice", "most"), two).await.unwrap());
+    let small = VolumeQuota {
+        count: 10,
+        total_mb: 150,
+    };
+    assert!(!volumes.admit(&volume("v5", "alice", "most"), small).await.unwrap());
+    assert!(volumes.admit(&volume("v5", "bob", "most"), small).await.unwrap());
+
+    assert!(!volumes.delete("bob", "v1").await.unwrap());
+    assert!(volumes.delete("alice", "v1").await.unwrap());
+    assert_eq!(volumes.by_id("v1").await.unwrap(), None);
+
+    // Creates at once hold the quota together: of 16 that start together with room for 3,
+    // three are made. A few rounds, so that a check that does not hold is seen to fail.
+    let quota = VolumeQuota {
+        count: 3,
+        total_mb: 1 << 20,
+    };
+    for round in 0..4 {
+        let owner = format!("racer{round}");
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+        let creates: Vec<_> = (0..16)
+            .map(|i| {
+                let (volumes, start) = (volumes.clone(), start.clone());
+                let v = volume(&format!("{owner}-{i}"), &owner, &format!("n{i}"));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    volumes.admit(&v, quota).await.unwrap()
+                })
+            })
+            .collect();
+        let mut made = 0;
+        for create in creates {
+            made += u32::from(create.await.unwrap());
+        }
+        assert_eq!(made, 3, "{owner}");
+        assert_eq!(volumes.of(&owner).await.unwrap().len(), 3);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
-    fn volume(id: &str, owner: &str, name: &str) -> VolumeRecord {
-        VolumeRecord {
-            id: id.into(),
-            owner: owner.into(),
-            name: name.into(),
-            token: format!("tok-{id}"),
-            size_limit_mb: 64,
-            created_at: 1,
-        }
-    }
-
-    #[test]
-    fn names_are_unique_per_key_and_keys_see_only_their_own() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn volumes_on_sqlite() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db")).unwrap();
-        assert!(store.insert_volume(&volume("v1", "alice", "data")).unwrap());
-        assert!(!store.insert_volume(&volume("v2", "alice", "data")).unwrap());
-        assert!(store.insert_volume(&volume("v3", "bob", "data")).unwrap());
-
-        assert_eq!(
-            store.volume("alice", "v1").unwrap().unwrap().token,
-            "tok-v1"
-        );
-        assert_eq!(store.volume("bob", "v1").unwrap(), None);
-        assert_eq!(store.volume_by_id("v3").unwrap().unwrap().owner, "bob");
-        let names: Vec<String> = store
-            .volumes("alice")
-            .unwrap()
-            .into_iter()
-            .map(|v| v.id)
-            .collect();
-        assert_eq!(names, ["v1"]);
-        assert_eq!(store.all_volumes().unwrap().len(), 2);
-
-        assert!(!store.delete_volume("bob", "v1").unwrap());
-        assert!(store.delete_volume("alice", "v1").unwrap());
-        assert_eq!(store.volume_by_id("v1").unwrap(), None);
+        behaves(store.volumes()).await;
     }
 
     #[test]

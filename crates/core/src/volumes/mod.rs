@@ -12,11 +12,13 @@ mod tree;
 
 use crate::driver::{Driver, DriverError};
 use crate::ids::{constant_time_eq, random_token};
-use crate::store::{valid_volume_name, Store, StoreError, VolumeMount, VolumeRecord};
+use crate::store::{
+    valid_volume_name, Store, StoreError, VolumeMount, VolumeQuota, VolumeRecord, VolumeRecords,
+    VolumeUsage,
+};
 use airlock_wire::MAX_VOLUME_MOUNTS;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 pub use tree::{EntryKind, EntryStat, MetadataChange, NewFile, VolumeTree};
 use tree::{DEFAULT_GID, DEFAULT_UID};
 
@@ -103,34 +105,10 @@ pub struct VolumeLimits {
 }
 
 pub struct Volumes {
-    store: Arc<Store>,
+    records: VolumeRecords,
     driver: Arc<dyn Driver>,
     root: PathBuf,
     limits: VolumeLimits,
-    /// Creates under way, by key: they count as the key's volumes until they are done.
-    creating: Mutex<HashMap<String, usize>>,
-}
-
-/// A create's place in [`Volumes::creating`], given back when it is dropped.
-struct Reservation<'a> {
-    volumes: &'a Volumes,
-    owner: &'a str,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        let mut creating = self
-            .volumes
-            .creating
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = creating.get_mut(self.owner) {
-            *count -= 1;
-            if *count == 0 {
-                creating.remove(self.owner);
-            }
-        }
-    }
 }
 
 impl Volumes {
@@ -149,17 +127,16 @@ impl Volumes {
             .create(root)
             .map_err(VolumeError::io(format!("creating {}", root.display())))?;
         Ok(Volumes {
-            store,
+            records: store.volumes().clone(),
             driver,
             root: root.to_owned(),
             limits,
-            creating: Mutex::new(HashMap::new()),
         })
     }
 
     /// Makes every volume usable after a start (the host's mounts do not outlive a reboot).
     pub async fn open_all(&self) -> Result<(), VolumeError> {
-        for volume in self.store.all_volumes()? {
+        for volume in self.records.all().await? {
             self.driver.open_volume(&self.dir(&volume.id)).await?;
         }
         Ok(())
@@ -168,7 +145,7 @@ impl Volumes {
     /// Undoes [`Volumes::open_all`] once no sandbox runs (a clean shutdown). Failures are
     /// logged: the next start takes over what is left.
     pub async fn close_all(&self) {
-        let volumes = match self.store.all_volumes() {
+        let volumes = match self.records.all().await {
             Ok(volumes) => volumes,
             Err(e) => return tracing::warn!(error = %e, "listing volumes to unmount failed"),
         };
@@ -184,44 +161,36 @@ impl Volumes {
         self.root.join(id)
     }
 
-    /// Counts a create by `owner` as one of its volumes until the reservation is dropped, if
-    /// `owner` has room for one more, and the disk for its size.
-    fn reserve<'a>(&'a self, owner: &'a str) -> Result<Reservation<'a>, VolumeError> {
-        let limits = &self.limits;
-        let mut creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
-        let pending = creating.get(owner).copied().unwrap_or(0);
-        let owned = self.store.volumes(owner)?;
-        if owned.len() + pending >= limits.per_key {
-            return Err(VolumeError::TooMany(limits.per_key));
+    /// What one key's volumes may add up to.
+    fn quota(&self) -> VolumeQuota {
+        VolumeQuota {
+            count: self.limits.per_key as u64,
+            total_mb: self.limits.per_key_mb,
         }
-        let used_mb = owned.iter().map(|v| v.size_limit_mb).fold(
-            (pending as u64).saturating_mul(limits.size_mb),
-            u64::saturating_add,
-        );
-        if used_mb.saturating_add(limits.size_mb) > limits.per_key_mb {
-            return Err(VolumeError::KeyFull {
-                used_mb,
-                size_mb: limits.size_mb,
-                max_mb: limits.per_key_mb,
-            });
-        }
-        // The file is sparse, but a volume the disk cannot hold would fail its writers later.
-        if let Some(space) = crate::disk_usage::disk_space(&self.root) {
-            if space.available >> 20 < limits.size_mb {
-                return Err(VolumeError::NoDisk {
-                    free_mb: space.available >> 20,
-                    size_mb: limits.size_mb,
-                });
-            }
-        }
-        *creating.entry(owner.to_owned()).or_default() += 1;
-        Ok(Reservation {
-            volumes: self,
-            owner,
-        })
     }
 
-    /// Makes `owner` a volume called `name`, empty.
+    /// Why `owner`, holding `usage`, may not have a new volume called `name`, if it may not.
+    fn refusal(&self, usage: VolumeUsage, name: &str) -> Option<VolumeError> {
+        let limits = &self.limits;
+        if usage.name_taken {
+            Some(VolumeError::NameTaken(name.to_owned()))
+        } else if usage.count >= limits.per_key as u64 {
+            Some(VolumeError::TooMany(limits.per_key))
+        } else if usage.total_mb.saturating_add(limits.size_mb) > limits.per_key_mb {
+            Some(VolumeError::KeyFull {
+                used_mb: usage.total_mb,
+                size_mb: limits.size_mb,
+                max_mb: limits.per_key_mb,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Makes `owner` a volume called `name`, empty. A create that the key's quota or the disk
+    /// refuses is refused before anything is made; the quota is checked again, with the record
+    /// written in the same step, once the volume's filesystem is made, so creates at the same
+    /// time (on this server or on other gateways) never pass it together.
     pub async fn create(
         &self,
         owner: &str,
@@ -231,25 +200,32 @@ impl Volumes {
         if !valid_volume_name(name) {
             return Err(VolumeError::BadName(name.to_owned()));
         }
+        if let Some(refused) = self.refusal(self.records.usage(owner, name).await?, name) {
+            return Err(refused);
+        }
+        // The file is sparse, but a volume the disk cannot hold would fail its writers later.
+        let size_mb = self.limits.size_mb;
+        if let Some(space) = crate::disk_usage::disk_space(&self.root) {
+            if space.available >> 20 < size_mb {
+                return Err(VolumeError::NoDisk {
+                    free_mb: space.available >> 20,
+                    size_mb,
+                });
+            }
+        }
         let record = VolumeRecord {
             id: random_token(ID_LEN).to_lowercase(),
             owner: owner.to_owned(),
             name: name.to_owned(),
             token: random_token(TOKEN_LEN),
-            size_limit_mb: self.limits.size_mb,
+            size_limit_mb: size_mb,
             created_at: now,
         };
-        if self.store.volumes(owner)?.iter().any(|v| v.name == name) {
-            return Err(VolumeError::NameTaken(name.to_owned()));
-        }
-        let _reservation = self.reserve(owner)?;
         let dir = self.dir(&record.id);
         std::fs::create_dir(&dir)
             .map_err(VolumeError::io(format!("creating {}", dir.display())))?;
         let made = async {
-            self.driver
-                .create_volume(&dir, record.size_limit_mb)
-                .await?;
+            self.driver.create_volume(&dir, size_mb).await?;
             // Owned by E2B's `user`, as whom sandboxes that mount it run; no `lost+found`.
             std::os::unix::fs::chown(&dir, Some(DEFAULT_UID), Some(DEFAULT_GID))
                 .and_then(|()| match std::fs::remove_dir(dir.join("lost+found")) {
@@ -257,11 +233,7 @@ impl Volumes {
                     _ => Ok(()),
                 })
                 .map_err(VolumeError::io(format!("preparing {}", dir.display())))?;
-            match self.store.insert_volume(&record)? {
-                true => Ok(record),
-                // Made meanwhile by a create of the same name.
-                false => Err(VolumeError::NameTaken(name.to_owned())),
-            }
+            self.admit(&record).await
         }
         .await;
         if made.is_err() {
@@ -269,24 +241,41 @@ impl Volumes {
                 tracing::warn!(dir = %dir.display(), error = %e, "removing a volume that was not made failed");
             }
         }
-        made
+        made.map(|()| record)
+    }
+
+    /// Records a made volume within its key's quota, or says why not.
+    async fn admit(&self, record: &VolumeRecord) -> Result<(), VolumeError> {
+        // A refusal whose reason is gone when it is looked up (a volume deleted meanwhile)
+        // is tried again.
+        for _ in 0..3 {
+            if self.records.admit(record, self.quota()).await? {
+                return Ok(());
+            }
+            let usage = self.records.usage(&record.owner, &record.name).await?;
+            if let Some(refused) = self.refusal(usage, &record.name) {
+                return Err(refused);
+            }
+        }
+        Err(VolumeError::TooMany(self.limits.per_key))
     }
 
     /// `owner`'s volume `id`.
-    pub fn get(&self, owner: &str, id: &str) -> Result<VolumeRecord, VolumeError> {
-        self.store
-            .volume(owner, id)?
+    pub async fn get(&self, owner: &str, id: &str) -> Result<VolumeRecord, VolumeError> {
+        self.records
+            .get(owner, id)
+            .await?
             .ok_or_else(|| VolumeError::NotFound(id.to_owned()))
     }
 
-    pub fn list(&self, owner: &str) -> Result<Vec<VolumeRecord>, VolumeError> {
-        Ok(self.store.volumes(owner)?)
+    pub async fn list(&self, owner: &str) -> Result<Vec<VolumeRecord>, VolumeError> {
+        Ok(self.records.of(owner).await?)
     }
 
     /// Deletes `owner`'s volume `id` and its files; `false` if it has none such. The caller
     /// makes sure that no sandbox mounts it (see `Lifecycle::delete_volume`).
     pub(crate) async fn delete(&self, owner: &str, id: &str) -> Result<bool, VolumeError> {
-        if !self.store.delete_volume(owner, id)? {
+        if !self.records.delete(owner, id).await? {
             return Ok(false);
         }
         let dir = self.dir(id);
@@ -299,7 +288,7 @@ impl Volumes {
 
     /// The volumes a create asks for, checked: `owner`'s, by name, each at its own absolute
     /// path outside the system's trees.
-    pub fn resolve(
+    pub async fn resolve(
         &self,
         owner: Option<&str>,
         requests: &[MountRequest],
@@ -310,7 +299,7 @@ impl Volumes {
             )));
         }
         let owned = match owner {
-            Some(owner) => self.store.volumes(owner)?,
+            Some(owner) => self.records.of(owner).await?,
             None => Vec::new(),
         };
         let mut mounts: Vec<VolumeMount> = Vec::new();
@@ -335,14 +324,14 @@ impl Volumes {
     }
 
     /// Fails with the name of the first of `mounts` whose volume `owner` no longer has.
-    pub fn check_still_there(
+    pub async fn check_still_there(
         &self,
         owner: Option<&str>,
         mounts: &[VolumeMount],
     ) -> Result<(), VolumeError> {
         for mount in mounts {
             let present = match owner {
-                Some(owner) => self.store.volume(owner, &mount.volume_id)?.is_some(),
+                Some(owner) => self.records.get(owner, &mount.volume_id).await?.is_some(),
                 None => false,
             };
             if !present {
@@ -354,8 +343,8 @@ impl Volumes {
 
     /// The files of volume `id`, for a caller that holds its token. A wrong token and a missing
     /// volume answer alike, so the answer does not say which volumes exist.
-    pub fn open(&self, id: &str, token: Option<&str>) -> Result<VolumeTree, VolumeError> {
-        let record = self.store.volume_by_id(id)?;
+    pub async fn open(&self, id: &str, token: Option<&str>) -> Result<VolumeTree, VolumeError> {
+        let record = self.records.by_id(id).await?;
         let (Some(record), Some(token)) = (record, token) else {
             return Err(VolumeError::Unauthorized);
         };

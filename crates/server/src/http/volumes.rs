@@ -44,7 +44,7 @@ pub(crate) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<Volume>>, ApiError> {
-    let volumes = state.volumes.list(&caller.0)?;
+    let volumes = state.volumes.list(&caller.0).await?;
     Ok(Json(
         volumes
             .into_iter()
@@ -61,7 +61,7 @@ pub(crate) async fn info(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<VolumeAndToken>, ApiError> {
-    Ok(Json(with_token(state.volumes.get(&caller.0, &id)?)))
+    Ok(Json(with_token(state.volumes.get(&caller.0, &id).await?)))
 }
 
 pub(crate) async fn destroy(
@@ -78,12 +78,16 @@ pub(crate) async fn destroy(
 }
 
 /// The volume named by the path, for a request that carries its token.
-fn tree(state: &AppState, id: &str, headers: &HeaderMap) -> Result<VolumeTree, ApiError> {
+async fn tree(
+    state: &AppState,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<VolumeTree, ApiError> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    Ok(state.volumes.open(id, token)?)
+    Ok(state.volumes.open(id, token).await?)
 }
 
 /// Runs `work` on the files of the volume named by the path, for a request that carries its
@@ -94,7 +98,7 @@ async fn on_files<T: Send + 'static>(
     headers: &HeaderMap,
     work: impl FnOnce(VolumeTree) -> Result<T, VolumeError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let tree = tree(state, id, headers)?;
+    let tree = tree(state, id, headers).await?;
     match tokio::task::spawn_blocking(move || work(tree)).await {
         Ok(done) => Ok(done?),
         Err(e) => {
@@ -246,7 +250,7 @@ pub(crate) async fn read_file(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let query = ContentQuery(query);
-    let file = tree(&state, &id, &headers)?.read(&query.path()?)?;
+    let file = tree(&state, &id, &headers).await?.read(&query.path()?)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -265,7 +269,7 @@ pub(crate) async fn write_file(
     body: Body,
 ) -> Result<(StatusCode, Json<VolumeEntryStat>), ApiError> {
     let query = ContentQuery(query);
-    let tree = tree(&state, &id, &headers)?;
+    let tree = tree(&state, &id, &headers).await?;
     let mut file = tree.new_file(&query.path()?, &query.change()?, query.flag("force")?)?;
     let mut chunks = body.into_data_stream();
     while let Some(chunk) = chunks.next().await {

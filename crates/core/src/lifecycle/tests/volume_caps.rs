@@ -14,7 +14,7 @@ fn volumes(limits: VolumeLimits) -> (tempfile::TempDir, Volumes) {
 
 #[tokio::test]
 async fn concurrent_creates_stop_at_the_count() {
-    let (_dir, volumes) = volumes(VolumeLimits {
+    let (dir, volumes) = volumes(VolumeLimits {
         size_mb: 1,
         per_key: 3,
         per_key_mb: 1 << 20,
@@ -27,6 +27,9 @@ async fn concurrent_creates_stop_at_the_count() {
     assert!(results
         .iter()
         .all(|r| matches!(r, Ok(_) | Err(VolumeError::TooMany(3)))));
+    // A create that lost the race took back the volume it had made.
+    let dirs = std::fs::read_dir(dir.path().join("volumes")).unwrap().count();
+    assert_eq!(dirs, 3);
     // Another key has room of its own.
     volumes.create("bob", "v0", 0).await.unwrap();
 }
