@@ -1,7 +1,7 @@
 //! State in one SQLite file under the data dir: sandboxes, templates, snapshots and API keys.
-//! The API keys ([`Keys`]) and the volumes' records ([`VolumeRecords`]) already run on
-//! [`db::Db`], which is SQLite here and PostgreSQL for many machines; the rest follows one table
-//! at a time.
+//! The API keys ([`Keys`]), the snapshots' and the volumes' records ([`SnapshotRecords`],
+//! [`VolumeRecords`]) already run on [`db::Db`], which is SQLite here and PostgreSQL for many
+//! machines; the rest follows one table at a time.
 //!
 //! Every write is a single statement, so a `kill -9` at any point leaves a consistent file.
 
@@ -24,7 +24,7 @@ mod tags;
 mod volumes;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
-pub use snapshots::SnapshotRecord;
+pub use snapshots::{SnapshotRecord, SnapshotRecords};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
 pub use volumes::{
     valid_volume_name, VolumeMount, VolumeQuota, VolumeRecord, VolumeRecords, VolumeUsage,
@@ -207,6 +207,7 @@ impl Default for TemplateDefaults {
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
     keys: Keys,
+    snapshots: SnapshotRecords,
     volumes: VolumeRecords,
 }
 
@@ -232,6 +233,7 @@ impl Store {
         let db = db::Db::Sqlite(conn.clone());
         Ok(Store {
             keys: Keys::new(db.clone()),
+            snapshots: SnapshotRecords::new(db.clone()),
             volumes: VolumeRecords::new(db),
             conn,
         })
@@ -240,6 +242,11 @@ impl Store {
     /// The API keys, which gateways will read from PostgreSQL.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The snapshots' records, which gateways will read from PostgreSQL.
+    pub fn snapshots(&self) -> &SnapshotRecords {
+        &self.snapshots
     }
 
     /// The volumes' records, which gateways will read from PostgreSQL.

@@ -45,7 +45,7 @@ impl Builder {
             rootfs: in_use,
             layers,
             chains_known,
-        } = self.in_use(&stores)?;
+        } = self.in_use(&stores).await?;
         let mut template_ids = HashSet::new();
         for store in &stores {
             template_ids.extend(
@@ -151,12 +151,12 @@ pub(super) struct InUse {
 }
 
 impl Builder {
-    pub(super) fn in_use(&self, stores: &[&Store]) -> Result<InUse, BuildError> {
+    pub(super) async fn in_use(&self, stores: &[&Store]) -> Result<InUse, BuildError> {
         let (mut templates, mut rootfs) = (Vec::new(), HashSet::new());
         for store in stores {
             templates.extend(store.templates()?);
             rootfs.extend(store.sandboxes()?.into_iter().map(|s| s.rootfs));
-            rootfs.extend(store.snapshots()?.into_iter().map(|s| s.rootfs));
+            rootfs.extend(store.snapshots().all().await?.into_iter().map(|s| s.rootfs));
         }
         // The layers under every rootfs in use: a template's are in its record; an older
         // build's (that a sandbox still runs on) were recorded when it was mounted.

@@ -44,7 +44,7 @@ impl Builder {
             layers: in_use,
             chains_known,
             ..
-        } = self.in_use(&[self.store.as_ref()])?;
+        } = self.in_use(&[self.store.as_ref()]).await?;
         if !chains_known {
             return Ok(used);
         }

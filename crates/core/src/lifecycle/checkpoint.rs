@@ -237,13 +237,13 @@ impl Lifecycle {
 
     /// `owner`'s snapshot called `name`; another key's snapshot is not found, exactly as one that
     /// does not exist.
-    pub(super) fn owned_snapshot(
+    pub(super) async fn owned_snapshot(
         &self,
         owner: Option<&str>,
         name: &TemplateName,
     ) -> Result<Option<SnapshotRecord>, LifecycleError> {
         match owner {
-            Some(owner) => Ok(self.store.snapshot(owner, name)?),
+            Some(owner) => Ok(self.store.snapshots().get(owner, name).await?),
             None => Ok(None),
         }
     }
@@ -313,7 +313,7 @@ impl Lifecycle {
                 owner,
                 volume_mounts: record.volume_mounts.clone(),
             };
-            self.store.insert_snapshot(&snapshot)?;
+            self.store.snapshots().put(&snapshot).await?;
             Ok(snapshot)
         }
         .await;
@@ -324,7 +324,7 @@ impl Lifecycle {
     /// Refuses a snapshot once `owner`'s snapshots take its quota of disk.
     async fn check_snapshot_room(&self, owner: &str) -> Result<(), LifecycleError> {
         let quota = self.quota(Some(owner)).await?;
-        let used: u64 = self.snapshots(owner)?.iter().map(|s| s.size_bytes).sum();
+        let used = self.store.snapshots().bytes_of(owner).await?;
         if used >= quota.snapshot_mb << 20 {
             return Err(LifecycleError::Quota(format!(
                 "this API key's snapshots take {} MiB of the {} MiB it may use; delete some first",
@@ -336,10 +336,8 @@ impl Lifecycle {
     }
 
     /// `owner`'s snapshots, oldest first.
-    pub fn snapshots(&self, owner: &str) -> Result<Vec<SnapshotRecord>, LifecycleError> {
-        let mut all = self.store.snapshots()?;
-        all.retain(|s| s.owner == owner);
-        Ok(all)
+    pub async fn snapshots(&self, owner: &str) -> Result<Vec<SnapshotRecord>, LifecycleError> {
+        Ok(self.store.snapshots().of(owner).await?)
     }
 
     /// Deletes `owner`'s snapshot and its image; returns whether it existed.
@@ -347,10 +345,10 @@ impl Lifecycle {
         let Ok(name) = TemplateName::parse(id) else {
             return Ok(false);
         };
-        let Some(snapshot) = self.store.snapshot(owner, &name)? else {
+        let Some(snapshot) = self.store.snapshots().get(owner, &name).await? else {
             return Ok(false);
         };
-        self.store.delete_snapshot(owner, &name)?;
+        self.store.snapshots().delete(owner, &name).await?;
         self.driver
             .delete_image(&snapshot.image)
             .await

@@ -71,7 +71,7 @@ impl Lifecycle {
         // it is taken), so looking at the owner's own names first lets no public template
         // stand in for them.
         let snapshot = match TemplateName::parse(&params.template) {
-            Ok(name) => self.owned_snapshot(owner, &name)?,
+            Ok(name) => self.owned_snapshot(owner, &name).await?,
             Err(_) => None,
         };
         let source = match snapshot {
@@ -84,7 +84,9 @@ impl Lifecycle {
         let volume_mounts = match &source {
             Source::Template(_) => self.volumes.resolve(owner, &params.volume_mounts).await?,
             Source::Snapshot(s) if params.volume_mounts.is_empty() => {
-                self.volumes.check_still_there(owner, &s.volume_mounts).await?;
+                self.volumes
+                    .check_still_there(owner, &s.volume_mounts)
+                    .await?;
                 s.volume_mounts.clone()
             }
             Source::Snapshot(s) => {

@@ -115,7 +115,14 @@ impl Lifecycle {
             .filter(|r| r.state == SandboxState::Paused)
             .map(|r| paused_image(&r.id))
             .collect();
-        named.extend(self.store.snapshots()?.into_iter().map(|s| s.image));
+        named.extend(
+            self.store
+                .snapshots()
+                .all()
+                .await?
+                .into_iter()
+                .map(|s| s.image),
+        );
         let images = self.driver.images().map_err(LifecycleError::Driver)?;
         for image in images {
             let ours = image.starts_with(PAUSED_PREFIX) || image.starts_with(SNAPSHOT_PREFIX);

@@ -312,8 +312,8 @@ mod tests {
         assert_eq!(starts(&store, "k", "base:v1"), None);
     }
 
-    #[test]
-    fn a_record_under_its_templates_id_moves_to_its_newest_ready_build() {
+    #[tokio::test]
+    async fn a_record_under_its_templates_id_moves_to_its_newest_ready_build() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");
         {
@@ -341,7 +341,8 @@ mod tests {
         assert_eq!(starts(&store, "k1", "app").as_deref(), Some("b1"));
         let lost = starts(&store, "k1", "lost").unwrap();
         assert!(uuid::Uuid::parse_str(&lost).is_ok(), "{lost}");
-        assert_eq!(store.snapshots().unwrap()[0].template, name("b1"));
+        let snapshots = store.snapshots().all().await.unwrap();
+        assert_eq!(snapshots[0].template, name("b1"));
         let owner = store.template_of_record(&name("b1")).unwrap().unwrap();
         assert_eq!(owner.alias, name("app"));
     }

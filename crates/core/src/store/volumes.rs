@@ -203,9 +203,18 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
         count: 10,
         total_mb: 1 << 20,
     };
-    assert!(volumes.admit(&volume("v1", "alice", "data"), roomy).await.unwrap());
-    assert!(!volumes.admit(&volume("v2", "alice", "data"), roomy).await.unwrap());
-    assert!(volumes.admit(&volume("v3", "bob", "data"), roomy).await.unwrap());
+    assert!(volumes
+        .admit(&volume("v1", "alice", "data"), roomy)
+        .await
+        .unwrap());
+    assert!(!volumes
+        .admit(&volume("v2", "alice", "data"), roomy)
+        .await
+        .unwrap());
+    assert!(volumes
+        .admit(&volume("v3", "bob", "data"), roomy)
+        .await
+        .unwrap());
     assert_eq!(
         volumes.usage("alice", "data").await.unwrap(),
         VolumeUsage {
@@ -216,7 +225,10 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
     );
     assert!(!volumes.usage("carol", "data").await.unwrap().name_taken);
 
-    assert_eq!(volumes.get("alice", "v1").await.unwrap().unwrap().token, "tok-v1");
+    assert_eq!(
+        volumes.get("alice", "v1").await.unwrap().unwrap().token,
+        "tok-v1"
+    );
     assert_eq!(volumes.get("bob", "v1").await.unwrap(), None);
     assert_eq!(volumes.by_id("v3").await.unwrap().unwrap().owner, "bob");
     let ids = |all: Vec<VolumeRecord>| all.into_iter().map(|v| v.id).collect::<Vec<_>>();
@@ -228,14 +240,26 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
         count: 2,
         total_mb: 1 << 20,
     };
-    assert!(volumes.admit(&volume("v4", "alice", "more"), two).await.unwrap());
-    assert!(!volumes.admit(&volume("v5", "alice", "most"), two).await.unwrap());
+    assert!(volumes
+        .admit(&volume("v4", "alice", "more"), two)
+        .await
+        .unwrap());
+    assert!(!volumes
+        .admit(&volume("v5", "alice", "most"), two)
+        .await
+        .unwrap());
     let small = VolumeQuota {
         count: 10,
         total_mb: 150,
     };
-    assert!(!volumes.admit(&volume("v5", "alice", "most"), small).await.unwrap());
-    assert!(volumes.admit(&volume("v5", "bob", "most"), small).await.unwrap());
+    assert!(!volumes
+        .admit(&volume("v5", "alice", "most"), small)
+        .await
+        .unwrap());
+    assert!(volumes
+        .admit(&volume("v5", "bob", "most"), small)
+        .await
+        .unwrap());
 
     assert!(!volumes.delete("bob", "v1").await.unwrap());
     assert!(volumes.delete("alice", "v1").await.unwrap());

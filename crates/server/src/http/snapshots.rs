@@ -79,7 +79,8 @@ pub(crate) async fn list_snapshots(
     Ok(Json(
         state
             .lifecycle
-            .snapshots(&caller.0)?
+            .snapshots(&caller.0)
+            .await?
             .iter()
             .filter(|s| source.is_none_or(|id| s.source_sandbox.as_str() == id))
             .filter(|s| name.is_none_or(|n| s.id.as_str() == n))

@@ -78,11 +78,7 @@ pub(crate) async fn destroy(
 }
 
 /// The volume named by the path, for a request that carries its token.
-async fn tree(
-    state: &AppState,
-    id: &str,
-    headers: &HeaderMap,
-) -> Result<VolumeTree, ApiError> {
+async fn tree(state: &AppState, id: &str, headers: &HeaderMap) -> Result<VolumeTree, ApiError> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -115,7 +115,10 @@ async fn each_key_is_held_to_its_own_limits() {
         lc.snapshot(b.id().as_str(), Some("three")).await,
         Err(LifecycleError::Quota(m)) if m.contains("MiB")
     ));
-    assert_eq!(lc.snapshots(&limited).unwrap()[0].size_bytes, IMAGE_SIZE);
+    assert_eq!(
+        lc.snapshots(&limited).await.unwrap()[0].size_bytes,
+        IMAGE_SIZE
+    );
 }
 
 #[tokio::test]

@@ -622,7 +622,7 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
         ));
     }
     assert!(!lc.delete_snapshot("k2", "ready").await.unwrap());
-    assert!(lc.snapshots("k2").unwrap().is_empty());
+    assert!(lc.snapshots("k2").await.unwrap().is_empty());
     // Its snapshot of the same name is its own, and replaces nothing of k1's.
     let theirs = lc
         .create(CreateParams {
@@ -636,7 +636,7 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
         .await
         .unwrap();
     assert_ne!(their_snap.image, snap.image);
-    assert_eq!(lc.snapshots("k1").unwrap(), vec![snap.clone()]);
+    assert_eq!(lc.snapshots("k1").await.unwrap(), vec![snap.clone()]);
     for bad in ["Bad Name", "base", "code-interpreter-v1"] {
         assert!(
             matches!(
@@ -649,7 +649,7 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
     let forks = lc.fork(source.id().as_str(), 2, None).await.unwrap();
     assert_eq!(forks.iter().filter(|f| f.is_ok()).count(), 2);
     assert_eq!(
-        lc.snapshots("k1").unwrap(),
+        lc.snapshots("k1").await.unwrap(),
         vec![snap.clone()],
         "the fork's snapshot is gone"
     );

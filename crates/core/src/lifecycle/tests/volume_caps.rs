@@ -28,7 +28,9 @@ async fn concurrent_creates_stop_at_the_count() {
         .iter()
         .all(|r| matches!(r, Ok(_) | Err(VolumeError::TooMany(3)))));
     // A create that lost the race took back the volume it had made.
-    let dirs = std::fs::read_dir(dir.path().join("volumes")).unwrap().count();
+    let dirs = std::fs::read_dir(dir.path().join("volumes"))
+        .unwrap()
+        .count();
     assert_eq!(dirs, 3);
     // Another key has room of its own.
     volumes.create("bob", "v0", 0).await.unwrap();

@@ -73,7 +73,13 @@ pub(crate) async fn request_build(
             format!("'{alias}' is the name of a built-in template; choose another"),
         ));
     }
-    if state.store.snapshot(&caller.0, &alias)?.is_some() {
+    if state
+        .store
+        .snapshots()
+        .get(&caller.0, &alias)
+        .await?
+        .is_some()
+    {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("you have a snapshot named '{alias}'; choose another name"),
