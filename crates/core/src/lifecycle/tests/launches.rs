@@ -61,8 +61,13 @@ async fn a_caller_that_gives_up_leaves_no_place_taken() {
     gone.abort();
     let _ = gone.await;
     assert_eq!(launches.load(), (1, 0), "it left the queue");
+    // One that goes away after its place was granted, before it saw it, gives the place back.
+    let mut granted_unseen = Box::pin(launches.acquire(Turn::User));
+    assert!(poll_once(granted_unseen.as_mut()).is_none());
     drop(first);
-    assert_eq!(launches.load(), (0, 0));
+    assert_eq!(launches.load(), (1, 0), "the place went to the waiter");
+    drop(granted_unseen);
+    assert_eq!(launches.load(), (0, 0), "and came back when it went away");
     assert!(launches.acquire(Turn::User).await.is_ok());
 }
 
