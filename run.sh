@@ -4,11 +4,14 @@
 # starts the server and runs a short demo through the stock E2B SDKs. The server keeps running
 # until you press Ctrl-C.
 #
-#   AIRLOCK_DATA_DIR  state, templates and sandboxes   (default /var/lib/airlock)
-#   AIRLOCK_LISTEN    address of the API and proxy     (default 127.0.0.1:3000)
-#   AIRLOCK_API_KEY   use this key instead of a generated one
+#   AIRLOCK_DATA_DIR       state and sandboxes              (default /var/lib/airlock)
+#   AIRLOCK_TEMPLATES_DIR  built templates, shared with ./test.sh and the benchmarks
+#                          (default /var/cache/airlock/templates)
+#   AIRLOCK_LISTEN         address of the API and proxy     (default 127.0.0.1:3000)
+#   AIRLOCK_API_KEY        use this key instead of a generated one
 set -euo pipefail
 cd "$(dirname "$0")"
+. scripts/templates-dir.sh
 
 DATA_DIR=${AIRLOCK_DATA_DIR:-/var/lib/airlock}
 LISTEN=${AIRLOCK_LISTEN:-127.0.0.1:3000}

@@ -12,13 +12,13 @@
 #
 #   AIRLOCK_TEST_DATA_DIR  data dir the integration tests use (default: a fresh private one,
 #                          removed afterwards)
-#   AIRLOCK_TEMPLATES_DIR  where built templates are cached between runs
+#   AIRLOCK_TEMPLATES_DIR  where built templates are cached between runs, shared with ./run.sh
 #                          (default /var/cache/airlock/templates)
 #   PYTEST_ARGS            extra pytest arguments, e.g. "-k files -x"
 set -euo pipefail
 cd "$(dirname "$0")"
 
-export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
+. scripts/templates-dir.sh
 own_data_dir="" postgres_dir=""
 stop_postgres() {
   if [ -n "$postgres_dir" ]; then

@@ -11,9 +11,10 @@
 #   bench/run.sh transfer [args]      bench/transfer.py    (upload, download, streamed stdout)
 #   bench/run.sh density [args]       bench/density.py     (N idle sandboxes: CPU, memory, latency)
 #   bench/run.sh mcp [args]           bench/mcp_latency.py       (MCP run_code over stdio and HTTP)
+#   bench/run.sh overload [args]      bench/overload.py    (bursts of 100 and 300 creates at once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export AIRLOCK_TEMPLATES_DIR=${AIRLOCK_TEMPLATES_DIR:-/var/cache/airlock/templates}
+. scripts/templates-dir.sh
 if [ -n "${AIRLOCK_BENCH_DATA_DIR:-}" ]; then
   DATA_DIR=$AIRLOCK_BENCH_DATA_DIR
 else
@@ -32,10 +33,11 @@ case "$suite" in
   transfer) .venv/bin/python bench/transfer.py --data-dir "$DATA_DIR" "$@" ;;
   density) .venv/bin/python bench/density.py --data-dir "$DATA_DIR" "$@" ;;
   mcp) .venv/bin/python bench/mcp_latency.py --data-dir "$DATA_DIR" "$@" ;;
+  overload) .venv/bin/python bench/overload.py --data-dir "$DATA_DIR" "$@" ;;
   templates) scripts/install-test-deps.sh; .venv/bin/python bench/templates.py --data-dir "$DATA_DIR" "$@" ;;
   all)
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo
     .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" ;;
-  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|overload|all] [args]" >&2; exit 2 ;;
 esac

@@ -9,6 +9,13 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from test_freezer import wait_for_state
 
 
+def memory_sized_max_sandboxes():
+    """The default --max-sandboxes, as `airlock serve --help` states it: (MemTotal - 1024 MiB)
+    / 20 MiB."""
+    meminfo = dict(line.split(":") for line in open("/proc/meminfo"))
+    return (int(meminfo["MemTotal"].split()[0]) // 1024 - 1024) // 20
+
+
 def scrape(server):
     """{(sample name, frozenset of labels): value}."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
@@ -42,7 +49,7 @@ def test_metrics_say_how_full_the_host_is(server, restarted, sandbox_factory):
     metrics = wait_for(server, lambda m: value(m, "airlock_pool_ready", template="base")
                        == value(m, "airlock_pool_keep", template="base") == 2)
     assert value(metrics, "airlock_sandboxes", phase="running") == 0
-    assert value(metrics, "airlock_sandboxes_max") == 256
+    assert value(metrics, "airlock_sandboxes_max") == memory_sized_max_sandboxes()
     assert 0 < value(metrics, "airlock_pool_memory_bytes") <= value(
         metrics, "airlock_pool_memory_budget_bytes") == 2048 << 20
     meminfo = dict(line.split(":") for line in open("/proc/meminfo"))

@@ -104,6 +104,9 @@ enum LogFormat {
     Json,
 }
 
+// `serve`'s flags make its variant large; the command line is parsed once, so the size costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: the E2B-compatible REST API and the sandbox proxy, on one port.
@@ -124,10 +127,24 @@ enum Command {
         /// Checked at start: it must be release 2024-07-29 or newer.
         #[arg(long, env = "AIRLOCK_RUNSC", default_value = "runsc")]
         runsc: PathBuf,
-        /// Most sandboxes running at once, for all API keys together. Creates and resumes
-        /// beyond it get 429.
-        #[arg(long, default_value_t = 256)]
-        max_sandboxes: usize,
+        /// Most sandboxes on this host at once, for all API keys together [default: as many
+        /// idle ones as its memory holds: (MemTotal - 1024 MiB) / 20 MiB, an idle sandbox's
+        /// measured footprint]. Creates and resumes beyond it get 429. Pooled sandboxes fill
+        /// only the room that running ones leave, and give way to a create at the cap.
+        #[arg(long, env = "AIRLOCK_MAX_SANDBOXES")]
+        max_sandboxes: Option<usize>,
+        /// Most sandboxes being started at once (a restore or a boot, until its agent
+        /// answers) [default: the host's cores]. A start is mostly CPU: past the cores, more at
+        /// once only makes each slower. Creates and resumes beyond it wait their turn in
+        /// arrival order, and pool refills wait for them.
+        #[arg(long, env = "AIRLOCK_MAX_LAUNCHES")]
+        max_launches: Option<usize>,
+        /// Seconds a create or resume may expect to wait for its turn to start. One that would
+        /// wait longer (the starts queued ahead of it, divided among --max-launches, times the
+        /// mean time of a recent start) gets 429 at once, with a Retry-After header of that
+        /// expected wait. 0 refuses every start that cannot begin at once.
+        #[arg(long, default_value_t = 10, env = "AIRLOCK_MAX_LAUNCH_WAIT_SECS")]
+        max_launch_wait_secs: u64,
         /// Most sandboxes one API key may run at once, unless the key has its own limit
         /// (`airlock key create --max-running`) [default: --max-sandboxes].
         #[arg(long)]
@@ -409,6 +426,8 @@ async fn run(cli: Cli) -> ExitCode {
             agent_bin,
             runsc,
             max_sandboxes,
+            max_launches,
+            max_launch_wait_secs,
             key_max_running,
             key_max_paused,
             key_max_snapshot_mb,
@@ -434,58 +453,65 @@ async fn run(cli: Cli) -> ExitCode {
             stop_sandboxes_on_exit,
             domain,
             node_name,
-        } => boot::serve(boot::ServeOptions {
-            listen,
-            metrics_listen,
-            data_dir: cli.data_dir.clone(),
-            templates_dir: cli.templates_dir.clone(),
-            agent_binary: agent_bin,
-            runsc,
-            insecure_registries,
-            build_min_free_mb: builds.build_min_free_mb,
-            build_step_timeout: Duration::from_secs(builds.build_step_timeout),
-            build_limits: builds.limits(),
-            volumes: VolumeLimits {
-                size_mb: volume_size_mb,
-                per_key: key_max_volumes,
-                per_key_mb: key_max_volume_mb,
-            },
-            insecure_open_network,
-            prepare_only,
-            domain,
-            node_name: node_name.unwrap_or_else(host_node_name),
-            on_exit: if stop_sandboxes_on_exit {
-                OnExit::StopSandboxes
-            } else {
-                OnExit::KeepRunning
-            },
-            limits: Limits {
-                max_sandboxes,
-                per_key: KeyQuota {
-                    running: key_max_running.unwrap_or(max_sandboxes),
-                    paused: key_max_paused,
-                    snapshot_mb: key_max_snapshot_mb,
+        } => {
+            let max_sandboxes =
+                max_sandboxes.unwrap_or_else(airlock_core::lifecycle::memory_sized_max_sandboxes);
+            boot::serve(boot::ServeOptions {
+                listen,
+                metrics_listen,
+                data_dir: cli.data_dir.clone(),
+                templates_dir: cli.templates_dir.clone(),
+                agent_binary: agent_bin,
+                runsc,
+                insecure_registries,
+                build_min_free_mb: builds.build_min_free_mb,
+                build_step_timeout: Duration::from_secs(builds.build_step_timeout),
+                build_limits: builds.limits(),
+                volumes: VolumeLimits {
+                    size_mb: volume_size_mb,
+                    per_key: key_max_volumes,
+                    per_key_mb: key_max_volume_mb,
                 },
-                default_timeout: Duration::from_secs(default_timeout),
-                pool_size,
-                pool_max: pool_max.max(pool_size),
-                pool_shrink_after: Duration::from_secs(pool_shrink_secs),
-                pool_idle: Duration::from_secs(pool_idle_secs),
-                pool_memory_mb,
-                freeze_after: (freeze_after_ms > 0).then(|| Duration::from_millis(freeze_after_ms)),
-                paused_memory_mb,
-                ready_timeout: Duration::from_secs(ready_timeout),
-                max_resources: Resources {
-                    cpu_count: max_cpu_count,
-                    memory_mb: max_memory_mb,
-                    disk_mb: max_disk_mb,
+                insecure_open_network,
+                prepare_only,
+                domain,
+                node_name: node_name.unwrap_or_else(host_node_name),
+                on_exit: if stop_sandboxes_on_exit {
+                    OnExit::StopSandboxes
+                } else {
+                    OnExit::KeepRunning
                 },
-                ..Limits::default()
-            },
-        })
-        .await
-        .map(|()| ExitCode::SUCCESS)
-        .map_err(cli::CliError::Other),
+                limits: Limits {
+                    max_sandboxes,
+                    per_key: KeyQuota {
+                        running: key_max_running.unwrap_or(max_sandboxes),
+                        paused: key_max_paused,
+                        snapshot_mb: key_max_snapshot_mb,
+                    },
+                    default_timeout: Duration::from_secs(default_timeout),
+                    max_launches: max_launches.unwrap_or_else(airlock_core::lifecycle::host_cores),
+                    max_launch_wait: Duration::from_secs(max_launch_wait_secs),
+                    pool_size,
+                    pool_max: pool_max.max(pool_size),
+                    pool_shrink_after: Duration::from_secs(pool_shrink_secs),
+                    pool_idle: Duration::from_secs(pool_idle_secs),
+                    pool_memory_mb,
+                    freeze_after: (freeze_after_ms > 0)
+                        .then(|| Duration::from_millis(freeze_after_ms)),
+                    paused_memory_mb,
+                    ready_timeout: Duration::from_secs(ready_timeout),
+                    max_resources: Resources {
+                        cpu_count: max_cpu_count,
+                        memory_mb: max_memory_mb,
+                        disk_mb: max_disk_mb,
+                    },
+                    ..Limits::default()
+                },
+            })
+            .await
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(cli::CliError::Other)
+        }
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Node(cmd) => cli::node(cmd, client()).await,
         Command::Install {

@@ -182,6 +182,21 @@ fn encode_load(load: &HostLoad, encoder: &mut DescriptorEncoder) -> Result<(), s
             Some(load.max_sandboxes as u64),
         ),
         (
+            "airlock_launches",
+            "Sandboxes being launched now: restored or booted, until their agent answers",
+            Some(load.launches as u64),
+        ),
+        (
+            "airlock_launches_queued",
+            "Creates and resumes waiting for their turn to launch",
+            Some(load.launches_queued as u64),
+        ),
+        (
+            "airlock_launches_max",
+            "The most sandboxes launched at once (--max-launches)",
+            Some(load.max_launches as u64),
+        ),
+        (
             "airlock_paused_in_memory",
             "Paused sandboxes whose runtime is kept, frozen, so that their resume is a thaw",
             Some(load.parked as u64),
@@ -296,6 +311,9 @@ mod tests {
             parked_memory_bytes: 20 << 20,
             parked_memory_budget_bytes: 1024 << 20,
             max_sandboxes: 256,
+            launches: 2,
+            launches_queued: 5,
+            max_launches: 2,
             pools: vec![PoolLoad {
                 template: airlock_core::ids::TemplateName::parse("base").unwrap(),
                 ready: 2,
@@ -320,6 +338,9 @@ mod tests {
             "airlock_sandboxes{phase=\"running\"} 3",
             "airlock_sandboxes_frozen 2",
             "airlock_sandboxes_max 256",
+            "airlock_launches 2",
+            "airlock_launches_queued 5",
+            "airlock_launches_max 2",
             "airlock_paused_in_memory 1",
             "airlock_paused_in_memory_bytes 20971520",
             "airlock_paused_in_memory_budget_bytes 1073741824",

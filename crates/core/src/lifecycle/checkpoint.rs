@@ -148,8 +148,11 @@ impl Lifecycle {
         let quota = self.quota(sandbox.owner()).await?;
         self.sandboxes
             .admit_resume(&sandbox, self.limits.max_sandboxes, &quota)?;
+        self.pools_give_way();
         let record = sandbox.record();
-        let spec = self.launch_of(&record).spec(&record.id, &record.rootfs);
+        let launch = self.launch_of(&record);
+        let turn = launch.turn;
+        let spec = launch.spec(&record.id, &record.rootfs);
         let image = paused_image(&record.id);
         if !self.driver.has_image(&image) {
             tracing::error!(sandbox = %record.id, image, "the paused image is gone; cannot resume");
@@ -162,7 +165,7 @@ impl Lifecycle {
         };
         let brought_up = match thawed {
             Some(placement) => Ok(placement),
-            None => self.bring_up(&spec, Some(&image)).await,
+            None => self.bring_up(&spec, Some(&image), turn).await,
         };
         let placement = match brought_up {
             Ok(placement) => placement,

@@ -2,6 +2,7 @@
 //! ready, else a restore of that image (or of the owner's snapshot), else a boot; then the
 //! claim that makes it the caller's.
 
+use super::launches::Turn;
 use super::sandbox::{Phase, Sandbox};
 use super::{CreateParams, Lifecycle, LifecycleError};
 use crate::driver::{LaunchSpec, Placement, Resources, RootfsWrites};
@@ -38,6 +39,8 @@ pub(super) struct Launch {
     pub egress: Egress,
     /// Its volumes' directories (see [`LaunchSpec::volumes`]).
     pub volumes: Vec<PathBuf>,
+    /// Whose launch it is: a caller's goes before background work.
+    pub turn: Turn,
 }
 
 impl Launch {
@@ -135,6 +138,7 @@ impl Lifecycle {
             }
             return Err(e);
         }
+        self.pools_give_way();
         let started = match (pooled, source) {
             (Some(pooled), _) => Ok(pooled),
             (None, Source::Template(template)) => self.boot_or_restore(&sandbox, &template).await,
@@ -241,9 +245,10 @@ impl Lifecycle {
         })
     }
 
-    /// How the sandbox of `record` starts (and resumes).
+    /// How the sandbox of `record` starts (and resumes), for a caller who waits.
     pub(super) fn launch_of(&self, record: &SandboxRecord) -> Launch {
         Launch {
+            turn: Turn::User,
             resources: record.resources,
             egress: record.egress.clone(),
             volumes: record
@@ -262,8 +267,9 @@ impl Lifecycle {
         image: Option<&str>,
         launch: Launch,
     ) -> Result<Started, LifecycleError> {
+        let turn = launch.turn;
         let spec = launch.spec(id, rootfs);
-        let placement = self.bring_up(&spec, image).await?;
+        let placement = self.bring_up(&spec, image, turn).await?;
         Ok(Started {
             id: spec.id,
             placement,
@@ -275,12 +281,22 @@ impl Lifecycle {
     }
 
     /// Boots the sandbox, or restores it from `image`, and waits for its agent; on failure
-    /// whatever was started is destroyed (a failed launch cleans up after itself).
+    /// whatever was started is destroyed (a failed launch cleans up after itself). This is
+    /// where every launch takes its turn (`launches.rs`): it holds a place until the agent
+    /// answers, since that wait is the restore's own CPU work.
     pub(super) async fn bring_up(
         &self,
         spec: &LaunchSpec,
         image: Option<&str>,
+        turn: Turn,
     ) -> Result<Placement, LifecycleError> {
+        let _place = self
+            .launches
+            .acquire(turn)
+            .await
+            .map_err(|o| LifecycleError::Overloaded {
+                retry_after_secs: o.expected_wait.as_secs_f64().ceil().max(1.0) as u64,
+            })?;
         let placement = match image {
             Some(image) => self.driver.restore(spec, image).await,
             None => self.driver.launch(spec).await,

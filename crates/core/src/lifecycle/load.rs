@@ -19,6 +19,11 @@ pub struct HostLoad {
     pub parked_memory_budget_bytes: u64,
     /// The most sandboxes that may occupy a place among the running (`--max-sandboxes`).
     pub max_sandboxes: usize,
+    /// Sandboxes being launched now (restored or booted), callers' launches waiting for their
+    /// turn, and the most launched at once (`--max-launches`).
+    pub launches: usize,
+    pub launches_queued: usize,
+    pub max_launches: usize,
     pub pools: Vec<PoolLoad>,
     /// The memory all pools' ready sandboxes hold now, by their cgroups' charge.
     pub pooled_memory_bytes: u64,
@@ -89,7 +94,11 @@ impl Lifecycle {
                 crate::store::SandboxState::Paused => *paused += 1,
             }
         }
+        let (launches, launches_queued) = self.launches.load();
         HostLoad {
+            launches,
+            launches_queued,
+            max_launches: self.limits.max_launches,
             golden_images_made,
             golden_images_failed,
             per_key: per_key
@@ -111,6 +120,23 @@ impl Lifecycle {
     }
 }
 
+/// What an idle sandbox holds on the host, by its cgroup's charge (measured: 18-20 MiB).
+pub const IDLE_SANDBOX_MB: u64 = 20;
+/// The host's memory left to the host itself and the server, outside the sandboxes' share.
+pub const HOST_RESERVE_MB: u64 = 1024;
+
+/// The default `--max-sandboxes`: as many idle sandboxes as the host's memory holds, less the
+/// host's reserve (256 where `/proc/meminfo` is unreadable).
+pub fn memory_sized_max_sandboxes() -> usize {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo_bytes(&meminfo, "MemTotal:").map_or(256, |bytes| max_sandboxes_for(bytes >> 20))
+}
+
+/// [`memory_sized_max_sandboxes`] for a host of `total_mb`.
+fn max_sandboxes_for(total_mb: u64) -> usize {
+    (total_mb.saturating_sub(HOST_RESERVE_MB) / IDLE_SANDBOX_MB).max(1) as usize
+}
+
 /// A `/proc/meminfo` field (given in kB there), in bytes.
 pub(super) fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
     meminfo
@@ -122,7 +148,15 @@ pub(super) fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::meminfo_bytes;
+    use super::{max_sandboxes_for, meminfo_bytes};
+
+    #[test]
+    fn the_default_room_follows_the_hosts_memory() {
+        // 24 GiB: 23 GiB for sandboxes of 20 MiB.
+        assert_eq!(max_sandboxes_for(24 * 1024), 1177);
+        assert_eq!(max_sandboxes_for(4 * 1024), 153);
+        assert_eq!(max_sandboxes_for(512), 1, "a tiny host still runs one");
+    }
 
     #[test]
     fn reads_meminfo_fields_in_bytes() {

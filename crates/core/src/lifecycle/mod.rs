@@ -26,6 +26,7 @@ mod create;
 mod expiry;
 mod freezer;
 mod kill;
+mod launches;
 mod load;
 pub mod metrics;
 mod parking;
@@ -38,7 +39,7 @@ mod start_cmd;
 mod tests;
 mod volume_use;
 
-pub use load::{HostLoad, PoolLoad};
+pub use load::{memory_sized_max_sandboxes, HostLoad, PoolLoad, HOST_RESERVE_MB, IDLE_SANDBOX_MB};
 pub use recovery::{adoptable_policies, RecoveryReport};
 pub use sandbox::{Awake, Phase, Sandbox};
 
@@ -162,6 +163,7 @@ pub struct Limits {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     /// Sandboxes running (or starting, or being resumed) at once, for all keys together.
+    /// Pools fill only the room this leaves, and give way to creates at it.
     pub max_sandboxes: usize,
     /// What each API key may hold unless its own limits say otherwise.
     pub per_key: KeyQuota,
@@ -171,6 +173,12 @@ pub struct Limits {
     pub max_resources: Resources,
     /// How long a new sandbox's agent may take to answer.
     pub agent_start_timeout: Duration,
+    /// Sandboxes being launched (restored or booted, until their agent answers) at once; the
+    /// rest wait their turn (see `launches.rs`).
+    pub max_launches: usize,
+    /// The longest a create or resume is expected to wait for its launch before it is refused
+    /// with 429 instead.
+    pub max_launch_wait: Duration,
     /// Ready sandboxes kept per template (0 turns pools and golden images off).
     pub pool_size: usize,
     /// The most ready sandboxes one template's pool grows to when creates find it empty.
@@ -227,6 +235,8 @@ impl Default for Limits {
                 disk_mb: 20480,
             },
             agent_start_timeout: Duration::from_secs(20),
+            max_launches: host_cores(),
+            max_launch_wait: Duration::from_secs(10),
             pool_size: 2,
             pool_max: 32,
             pool_shrink_after: Duration::from_secs(60),
@@ -250,6 +260,10 @@ pub enum LifecycleError {
     BadRequest(String),
     #[error("the server already runs its maximum of {0} sandboxes; try again when one ends")]
     Capacity(usize),
+    /// Too many launches are queued ahead for this one to start within the server's
+    /// `max_launch_wait`.
+    #[error("the server is busy starting other sandboxes (about {retry_after_secs} s of launches are queued); try again in {retry_after_secs} s")]
+    Overloaded { retry_after_secs: u64 },
     /// An API key's own limit (see [`KeyQuota`]).
     #[error("{0}")]
     Quota(String),
@@ -321,6 +335,8 @@ pub struct Lifecycle {
     /// Every sandbox from its admission to its kill, running or paused.
     sandboxes: Registry,
     pools: Pools,
+    /// The turns to launch a sandbox in (back-pressure).
+    launches: launches::Launches,
     volumes: Arc<Volumes>,
     /// Wakes the pool filler (a pooled sandbox was taken).
     refill: Notify,
@@ -357,6 +373,7 @@ impl Lifecycle {
         volumes: Arc<Volumes>,
     ) -> Arc<Self> {
         Arc::new(Lifecycle {
+            launches: launches::Launches::new(limits.max_launches, limits.max_launch_wait),
             store,
             driver,
             agent,
@@ -466,6 +483,11 @@ impl Lifecycle {
         all.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
         all
     }
+}
+
+/// The host's cores (1 if unknown).
+pub fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in MiB (unbounded if unreadable).

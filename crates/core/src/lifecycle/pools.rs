@@ -1,7 +1,9 @@
 //! Golden images and pools: for each template, a checkpoint of a sandbox booted from it and
 //! warmed up, and a few sandboxes already restored from it, so that a create only hands one
 //! over. Pooled sandboxes belong to no one and are not in the registry; they hold no place
-//! among the running until a create admits them.
+//! among the running until a create admits them. Each is still a sandbox on the host, so pools
+//! fill only the room that running sandboxes leave under `max_sandboxes`, and give way to a
+//! create admitted at that cap.
 //!
 //! A pool grows with demand: each create that finds it empty makes it keep one more (up to
 //! `pool_max`), so the next burst of creates finds them ready. It shrinks back by half each
@@ -9,6 +11,7 @@
 
 use super::checkpoint::checkpoint_error;
 use super::create::{Launch, Started};
+use super::launches::Turn;
 use super::{available_memory_mb, Lifecycle, LifecycleError, GOLDEN_PREFIX};
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
@@ -63,9 +66,38 @@ struct Pool {
     missed_at: Option<Instant>,
 }
 
+/// The sandboxes all pools hold: ready ones and restores under way.
+fn held(pools: &HashMap<TemplateName, Pool>) -> usize {
+    pools.values().map(|p| p.ready.len() + p.filling).sum()
+}
+
 impl Pools {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TemplateName, Pool>> {
         self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ready sandboxes and restores under way, in all pools: each holds a sandbox's room on
+    /// the host.
+    pub fn count(&self) -> usize {
+        held(&self.lock())
+    }
+
+    /// Takes a ready sandbox out of the pool wanted least lately. With `for_template`, only
+    /// from another pool, wanted less lately than that template's.
+    pub fn take_least_wanted(
+        &self,
+        for_template: Option<&TemplateName>,
+    ) -> Option<(TemplateName, Started)> {
+        let mut pools = self.lock();
+        let wanted = for_template.map(|t| (t, pools.get(t).and_then(|p| p.wanted_at)));
+        let victim = pools
+            .iter_mut()
+            .filter(|(_, pool)| !pool.ready.is_empty())
+            .filter(|(name, pool)| {
+                wanted.is_none_or(|(t, wanted)| *name != t && pool.wanted_at < wanted)
+            })
+            .min_by_key(|(_, pool)| pool.wanted_at);
+        victim.and_then(|(name, pool)| Some((name.clone(), pool.ready.pop()?.started)))
     }
 
     /// Every pooled sandbox, taken out of the pools.
@@ -89,9 +121,11 @@ impl Lifecycle {
         format!("{GOLDEN_PREFIX}{}-{hash}-{runtime}", template.name)
     }
 
-    /// How pooled sandboxes and golden images are started.
+    /// How pooled sandboxes and golden images are started: in the background, after every
+    /// caller's launch.
     fn default_launch(&self) -> Launch {
         Launch {
+            turn: Turn::Background,
             resources: self.limits.default_resources,
             egress: Egress::default(),
             volumes: Vec::new(),
@@ -169,6 +203,20 @@ impl Lifecycle {
             .or_default()
             .ready
             .push(Pooled::new(pooled));
+    }
+
+    /// Makes room for a sandbox just admitted to run: pooled sandboxes hold no place among
+    /// the running, yet each is a sandbox on the host, so at `--max-sandboxes` ready ones give
+    /// way, from the pools wanted least lately.
+    pub(super) fn pools_give_way(&self) {
+        while self.sandboxes.occupying() + self.pools.count() > self.limits.max_sandboxes {
+            let Some((name, pooled)) = self.pools.take_least_wanted(None) else {
+                return;
+            };
+            tracing::info!(template = %name, "the server is at --max-sandboxes: a ready pooled sandbox gives way to a create");
+            self.destroying
+                .spawn(self.release(pooled.id, pooled.placement.slot));
+        }
     }
 
     /// Freezes the ready sandboxes that have waited in their pools for `settle`: nothing of
@@ -406,9 +454,18 @@ impl Lifecycle {
             if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
                 return;
             }
+            // Refills yield to creates: while callers' launches wait or use every place, a
+            // refill would only slow them (the pass comes back within seconds).
+            if !self.launches.idle() {
+                return;
+            }
             if self.pooled_memory() >= self.limits.pool_memory_mb << 20
                 && !self.give_up_one_for(template).await
             {
+                return;
+            }
+            // Pools fill only the room that running sandboxes leave under --max-sandboxes.
+            if self.sandboxes.occupying() + self.pools.count() >= self.limits.max_sandboxes {
                 return;
             }
             {
@@ -442,10 +499,20 @@ impl Lifecycle {
                 }
                 Err(e) => Err(e),
             };
+            let occupying = self.sandboxes.occupying();
             let mut pools = self.pools.lock();
+            if let Some(pool) = pools.get_mut(&template.name) {
+                pool.filling -= 1;
+            }
+            let pooled = held(&pools);
             let pool = pools.entry(template.name.clone()).or_default();
-            pool.filling -= 1;
             match result {
+                // Creates took the room meanwhile (they do not wait for restores under way).
+                Ok(started) if occupying + pooled >= self.limits.max_sandboxes => {
+                    self.destroying
+                        .spawn(self.release(started.id, started.placement.slot));
+                    return;
+                }
                 Ok(started) => pool.ready.push(Pooled::new(started)),
                 Err(e) => {
                     tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
@@ -471,17 +538,7 @@ impl Lifecycle {
     /// Releases a ready sandbox of the template that was wanted least lately, if it was
     /// wanted less lately than `template`: so the budget goes to the templates in use.
     async fn give_up_one_for(&self, template: &TemplateRecord) -> bool {
-        let taken = {
-            let mut pools = self.pools.lock();
-            let wanted = pools.get(&template.name).and_then(|p| p.wanted_at);
-            let victim = pools
-                .iter_mut()
-                .filter(|(name, pool)| **name != template.name && !pool.ready.is_empty())
-                .filter(|(_, pool)| pool.wanted_at < wanted)
-                .min_by_key(|(_, pool)| pool.wanted_at);
-            victim.and_then(|(name, pool)| Some((name.clone(), pool.ready.pop()?.started)))
-        };
-        let Some((name, pooled)) = taken else {
+        let Some((name, pooled)) = self.pools.take_least_wanted(Some(&template.name)) else {
             return false;
         };
         tracing::info!(template = %name, for_template = %template.name, "the pools' memory budget is spent: a ready sandbox goes to a template wanted more lately");

@@ -33,6 +33,11 @@ impl Registry {
         self.map().remove(id);
     }
 
+    /// Sandboxes that hold a place among the running (see [`Phase::occupies`]).
+    pub fn occupying(&self) -> usize {
+        self.map().values().filter(|s| s.phase().occupies()).count()
+    }
+
     /// Puts back a sandbox a restart found (running or paused), with no admission.
     pub fn adopt(&self, sandbox: Arc<Sandbox>) {
         self.map().insert(sandbox.id().clone(), sandbox);

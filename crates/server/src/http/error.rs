@@ -10,6 +10,9 @@ use axum::Json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Seconds the client should wait before it tries again (`Retry-After`), when the server
+    /// knows.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -17,6 +20,7 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -86,6 +90,12 @@ impl From<LifecycleError> for ApiError {
     fn from(err: LifecycleError) -> Self {
         let err = match err {
             LifecycleError::Volume(err) => return err.into(),
+            LifecycleError::Overloaded { retry_after_secs } => {
+                return ApiError {
+                    retry_after: Some(retry_after_secs),
+                    ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, err.to_string())
+                }
+            }
             other => other,
         };
         let status = match &err {
@@ -124,7 +134,9 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::Driver(_) | LifecycleError::Agent(_) | LifecycleError::Store(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            LifecycleError::Volume(_) => unreachable!("answered above"),
+            LifecycleError::Volume(_) | LifecycleError::Overloaded { .. } => {
+                unreachable!("answered above")
+            }
         };
         if status.is_server_error() {
             // The full cause chain (which may name host paths) goes to the log, not the client.
@@ -178,14 +190,20 @@ impl From<airlock_core::volumes::VolumeError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut response = (
             self.status,
             Json(ErrorBody {
                 code: self.status.as_u16(),
                 message: self.message,
             }),
         )
-            .into_response()
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 

@@ -26,11 +26,14 @@ async fn concurrent_creates_never_exceed_the_capacity() {
         ..Limits::default()
     };
     let (_dir, _store, lc) = setup(driver.clone(), limits);
-    let creates = (0..40).map(|_| {
-        let lc = lc.clone();
-        tokio::spawn(async move { lc.create(params()).await })
-    });
-    let results: Vec<_> = futures_join(creates).await;
+    // Collected: all forty are under way before any is awaited.
+    let creates: Vec<_> = (0..40)
+        .map(|_| {
+            let lc = lc.clone();
+            tokio::spawn(async move { lc.create(params()).await })
+        })
+        .collect();
+    let results: Vec<_> = futures_join(creates.into_iter()).await;
     let made = results.iter().filter(|r| r.is_ok()).count();
     let refused = results
         .iter()
@@ -44,7 +47,7 @@ async fn concurrent_creates_never_exceed_the_capacity() {
     );
 }
 
-async fn futures_join<T: Send + 'static>(
+pub(super) async fn futures_join<T: Send + 'static>(
     handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
 ) -> Vec<T> {
     let mut out = Vec::new();
@@ -191,4 +194,60 @@ async fn traffic_waits_for_a_snapshot_and_a_kill_waits_for_a_pause() {
         !driver.has_image(&paused_image(sbx.id())),
         "its image is gone too"
     );
+}
+
+/// Waits (at most 10 s) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_fill_only_the_room_left_and_give_way_to_creates() {
+    let driver = Arc::new(RecordingDriver::default());
+    driver
+        .images
+        .lock()
+        .unwrap()
+        .insert("golden-base-h-test".into());
+    let limits = Limits {
+        max_sandboxes: 3,
+        pool_size: 5,
+        pool_max: 5,
+        pool_min_available_mb: 0,
+        ..Limits::default()
+    };
+    let (_dir, _store, lc) = setup(driver.clone(), limits);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pools = tokio::spawn(lc.clone().run_pools(stop.clone()));
+    let ready = || lc.pool_loads().iter().map(|p| p.ready).sum::<usize>();
+    until("the pool holds the room", || ready() == 3).await;
+    assert_eq!(
+        lc.pool_loads()[0].keep,
+        5,
+        "it would keep more, had it room"
+    );
+    // Creates the pool cannot serve (other resources): each gets in, and a pooled sandbox
+    // gives way to it.
+    let sized = || CreateParams {
+        cpu_count: Some(1),
+        ..params()
+    };
+    for _ in 0..3 {
+        lc.create(sized()).await.unwrap();
+    }
+    assert_eq!(ready(), 0);
+    assert!(matches!(
+        lc.create(sized()).await,
+        Err(LifecycleError::Capacity(3))
+    ));
+    stop.cancel();
+    pools.await.unwrap();
+    until("the pooled ones are destroyed", || {
+        driver.running.lock().unwrap().len() == 3
+    })
+    .await;
 }

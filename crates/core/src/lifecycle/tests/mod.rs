@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 mod admission;
 mod freezer;
+mod launches;
 mod parking;
 mod shutdown;
 mod volume_caps;
