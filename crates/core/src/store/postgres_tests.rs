@@ -88,32 +88,36 @@ async fn postgres_gets_the_tables_and_columns_sqlite_gets() {
     drop_schema(&client, &schema).await;
 }
 
+/// Runs `check` on a pool of connections to a new, migrated schema, then drops the schema.
+async fn in_a_new_schema<F: std::future::Future<Output = ()>>(check: impl FnOnce(Db) -> F) {
+    let (client, config, schema) = migrated_schema().await;
+    check(Db::postgres(config).unwrap()).await;
+    drop_schema(&client, &schema).await;
+}
+
 #[tokio::test]
 #[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
 async fn postgres_keeps_keys_as_sqlite_does() {
-    let (client, config, schema) = migrated_schema().await;
-    let keys = super::Keys::new(Db::postgres(config).unwrap());
-    super::keys::behaves(&keys).await;
-    drop_schema(&client, &schema).await;
+    in_a_new_schema(|db| async move { super::keys::behaves(&super::Keys::new(db)).await }).await;
 }
 
 /// Many tasks on many connections, as gateways are: a key's volume quota holds among them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
 async fn postgres_keeps_volumes_as_sqlite_does() {
-    let (client, config, schema) = migrated_schema().await;
-    let volumes = super::VolumeRecords::new(Db::postgres(config).unwrap());
-    super::volumes::behaves(&volumes).await;
-    drop_schema(&client, &schema).await;
+    in_a_new_schema(
+        |db| async move { super::volumes::behaves(&super::VolumeRecords::new(db)).await },
+    )
+    .await;
 }
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
 async fn postgres_keeps_snapshots_as_sqlite_does() {
-    let (client, config, schema) = migrated_schema().await;
-    let snapshots = super::SnapshotRecords::new(Db::postgres(config).unwrap());
-    super::snapshots::behaves(&snapshots).await;
-    drop_schema(&client, &schema).await;
+    in_a_new_schema(|db| async move {
+        super::snapshots::behaves(&super::SnapshotRecords::new(db)).await
+    })
+    .await;
 }
 
 #[tokio::test]
