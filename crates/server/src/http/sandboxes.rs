@@ -142,10 +142,8 @@ pub(crate) fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
     }
 }
 
-fn rfc3339(unix: i64) -> String {
-    chrono::DateTime::from_timestamp(unix, 0)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+fn rfc3339(at: Option<chrono::DateTime<chrono::Utc>>, precision: chrono::SecondsFormat) -> String {
+    at.unwrap_or_default().to_rfc3339_opts(precision, true)
 }
 
 pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
@@ -155,8 +153,15 @@ pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool)
         sandbox_id: r.id.to_string(),
         client_id: state.node_name.clone(),
         alias: Some(alias),
-        started_at: rfc3339(r.started_at),
-        end_at: rfc3339(r.end_at),
+        // With its fractions, as E2B's: a list's order is by it.
+        started_at: rfc3339(
+            chrono::DateTime::from_timestamp_micros(r.started_at_us),
+            chrono::SecondsFormat::Micros,
+        ),
+        end_at: rfc3339(
+            chrono::DateTime::from_timestamp(r.end_at, 0),
+            chrono::SecondsFormat::Secs,
+        ),
         envd_version: ENVD_VERSION.into(),
         cpu_count: r.resources.cpu_count,
         memory_mb: r.resources.memory_mb,
@@ -287,7 +292,8 @@ pub(crate) async fn connect(
     Ok((status, Json(sandbox_body(&state, &sandbox.record()))).into_response())
 }
 
-/// The caller's sandboxes that the list query's filters let through, oldest first:
+/// The caller's sandboxes that the list query's filters let through, oldest (the first
+/// created) first:
 /// `metadata`, `state` (`by_default` without one), `template` (id or name, a tag aside) and
 /// `startedAfter` / `startedBefore` (RFC 3339, both inclusive).
 fn matching<'a>(
@@ -314,7 +320,7 @@ fn matching<'a>(
             .get(name)
             .map(|t| {
                 chrono::DateTime::parse_from_rfc3339(t)
-                    .map(|t| t.timestamp())
+                    .map(|t| t.timestamp_micros())
                     .map_err(|_| {
                         ApiError::bad_request(format!("{name} '{t}' is not an RFC 3339 time"))
                     })
@@ -332,8 +338,8 @@ fn matching<'a>(
         .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
-        .filter(|r| after.is_none_or(|t| r.started_at >= t))
-        .filter(|r| before.is_none_or(|t| r.started_at <= t))
+        .filter(|r| after.is_none_or(|t| r.started_at_us >= t))
+        .filter(|r| before.is_none_or(|t| r.started_at_us <= t))
         .filter(|r| {
             template.is_none_or(|t| {
                 let (id, name) = template_names(&state.store, r);
@@ -384,7 +390,7 @@ pub(crate) async fn list_v2(
             .ok_or_else(|| ApiError::bad_request(format!("limit must be 1..={MAX_PAGE}")))?,
         None => MAX_PAGE,
     };
-    let place = |r: &SandboxRecord| format!("{}.{}", r.started_at, r.id);
+    let place = |r: &SandboxRecord| format!("{}.{}", r.started_at_us, r.id);
     let start = match query.get("nextToken").filter(|t| !t.is_empty()) {
         Some(token) => {
             let (at, id) = token
@@ -392,7 +398,7 @@ pub(crate) async fn list_v2(
                 .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id)))
                 .ok_or_else(|| ApiError::bad_request("nextToken is not one this server gave"))?;
             let after = |r: &&Arc<SandboxRecord>| {
-                let here = (r.started_at, r.id.as_str());
+                let here = (r.started_at_us, r.id.as_str());
                 if newest_first {
                     here < (at, id)
                 } else {
