@@ -17,7 +17,11 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
+from e2b.api.client.api.sandboxes import post_sandboxes_sandbox_id_refreshes as refreshes
+from e2b.api.client.models import Error, SandboxRefreshRequest
+from e2b.connection_config import ConnectionConfig
 from e2b.exceptions import NotFoundException
+from e2b.sandbox_sync.paginator import get_api_client
 
 from conftest import API_KEY
 from test_tenants import wait_for_port
@@ -174,6 +178,30 @@ def test_set_timeout_extends_life(sandbox_factory):
     assert sbx.is_running()
     end = sbx.get_info().end_at
     assert end.timestamp() - time.time() > 60
+
+
+def test_refresh_lengthens_a_life_and_never_shortens_it(sandbox_factory, other_key):
+    """`POST /sandboxes/{id}/refreshes` through the SDK's generated client: 204, the deadline
+    moves out to `duration` from now, a shorter refresh leaves it, and another key's refresh
+    is a 404 that changes nothing."""
+    sbx = sandbox_factory(timeout=30)
+
+    def refresh(api_key=None, **body):
+        config = ConnectionConfig(api_key=api_key) if api_key else ConnectionConfig()
+        return refreshes.sync_detailed(sbx.sandbox_id, client=get_api_client(config),
+                                       body=SandboxRefreshRequest(**body))
+
+    before = sbx.get_info().end_at
+    assert refresh(duration=600).status_code == 204
+    extended = sbx.get_info().end_at
+    assert extended - before > timedelta(seconds=500), (before, extended)
+    assert refresh(duration=60).status_code == 204
+    assert refresh().status_code == 204, "duration is optional"
+    assert sbx.get_info().end_at == extended, "a shorter refresh shortens nothing"
+
+    other = refresh(api_key=other_key, duration=3000)
+    assert other.status_code == 404 and isinstance(other.parsed, Error), other
+    assert sbx.get_info().end_at == extended
 
 
 @pytest.mark.newest_sdk

@@ -10,8 +10,8 @@ use airlock_core::lifecycle::CreateParams;
 use airlock_core::store::{PauseMode, SandboxRecord, SandboxState as StoredState, Store};
 use airlock_core::volumes::MountRequest;
 use airlock_wire::api::{
-    NetworkConfig, NetworkUpdate, NewSandbox, Sandbox, SandboxDetail, SandboxLifecycle,
-    SandboxState, TimeoutBody, VolumeMountBody,
+    NetworkConfig, NetworkUpdate, NewSandbox, RefreshBody, Sandbox, SandboxDetail,
+    SandboxLifecycle, SandboxState, TimeoutBody, VolumeMountBody,
 };
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Extension, Query, State};
@@ -263,6 +263,19 @@ pub(crate) async fn set_timeout(
     state
         .lifecycle
         .set_timeout(&id, Duration::from_secs(secs))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// E2B's refresh: a running sandbox lives at least `duration` seconds more (15 without one);
+/// its life is never shortened.
+pub(crate) async fn refresh(
+    State(state): State<AppState>,
+    Owned { id, .. }: Owned,
+    JsonBody(body): JsonBody<RefreshBody>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .lifecycle
+        .refresh(&id, body.duration.map(Duration::from_secs))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
