@@ -68,6 +68,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(builds::build_status),
         )
         .route(
+            "/templates/{id}/builds/{build}/logs",
+            get(builds::build_logs),
+        )
+        .route(
             "/templates/{id}/files/{hash}",
             get(uploads::file_upload_link),
         )
