@@ -396,6 +396,11 @@ def test_base_has_what_e2bs_base_has(sandbox):
         "git --version && pip --version && curl --version | head -1 && command -v sudo && "
         "ls /etc/ssl/certs/ca-certificates.crt")
     assert run.exit_code == 0 and "git version" in run.stdout and "pip " in run.stdout, run
+    # `python` is python3, as in E2B's base: scripts and tests call it by that name.
+    python = sandbox.commands.run("python -c 'import sys; print(sys.version_info[0])' && "
+                                  "readlink -f $(command -v python) $(command -v python3)")
+    major, resolved, resolved3 = python.stdout.split()
+    assert major == "3" and resolved == resolved3, python.stdout
 
 
 def test_templates_are_listed_got_logged_and_made_public_through_the_sdks_client(
