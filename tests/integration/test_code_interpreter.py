@@ -72,13 +72,17 @@ def test_matplotlib_plot_comes_back_as_png_with_chart_data(ci):
     assert chart.elements[0].label == "rising"
 
 
-@pytest.mark.parametrize("style", ["", ", patch_artist=True", ", vert=False"])
-def test_box_plot_comes_back_with_quartiles_and_outliers(ci, style):
+@pytest.mark.parametrize("labels, style", [
+    ("tick_labels", ""), ("tick_labels", ", patch_artist=True"), ("tick_labels", ", vert=False"),
+    # The name E2B's matplotlib (3.9) still takes, as users' code written for it passes it.
+    ("labels", ""),
+])
+def test_box_plot_comes_back_with_quartiles_and_outliers(ci, labels, style):
     # Boxes drawn as lines (matplotlib's default), as patches, and lying down.
     execution = ci.run_code(
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots()\n"
-        "ax.boxplot([[1, 2, 3, 4, 5, 30], [10, 12, 14, 16, 18]], tick_labels=['a', 'b']"
+        f"ax.boxplot([[1, 2, 3, 4, 5, 30], [10, 12, 14, 16, 18]], {labels}=['a', 'b']"
         f"{style})\n"
         "ax.set_title('Spread')\n"
         "plt.show()\n"
