@@ -72,13 +72,17 @@ def test_matplotlib_plot_comes_back_as_png_with_chart_data(ci):
     assert chart.elements[0].label == "rising"
 
 
-@pytest.mark.parametrize("style", ["", ", patch_artist=True", ", vert=False"])
-def test_box_plot_comes_back_with_quartiles_and_outliers(ci, style):
+@pytest.mark.parametrize("labels, style", [
+    ("tick_labels", ""), ("tick_labels", ", patch_artist=True"), ("tick_labels", ", vert=False"),
+    # The name E2B's matplotlib (3.9) still takes, as users' code written for it passes it.
+    ("labels", ""),
+])
+def test_box_plot_comes_back_with_quartiles_and_outliers(ci, labels, style):
     # Boxes drawn as lines (matplotlib's default), as patches, and lying down.
     execution = ci.run_code(
         "import matplotlib.pyplot as plt\n"
         "fig, ax = plt.subplots()\n"
-        "ax.boxplot([[1, 2, 3, 4, 5, 30], [10, 12, 14, 16, 18]], tick_labels=['a', 'b']"
+        f"ax.boxplot([[1, 2, 3, 4, 5, 30], [10, 12, 14, 16, 18]], {labels}=['a', 'b']"
         f"{style})\n"
         "ax.set_title('Spread')\n"
         "plt.show()\n"
@@ -190,11 +194,17 @@ def test_r_keeps_state_and_sees_env_vars_and_its_cwd(server):
     sbx = Sandbox.create(CI_TEMPLATE, envs={"GLOBAL_VAR": "g"})
     try:
         assert sbx.run_code("x <- 41", language="r").error is None
-        # IRkernel shows a value as display data, not as the run's own result (on E2B too).
-        assert [r.text for r in sbx.run_code("x + 1", language="r").results] == ["[1] 42"]
-        assert sbx.run_code("cat('to stdout\\n')", language="r").logs.stdout == ["to stdout\n"]
+        # The value of a cell's last expression is its main result, as on E2B, so `.text` is
+        # it; a value that more output follows was not the last expression.
+        summed = sbx.run_code("x + 1\nsum(c(1, 2, 3))", language="r")
+        assert [(r.text, r.is_main_result) for r in summed.results] == [
+            ("[1] 42", False), ("[1] 6", True)] and summed.text == "[1] 6", summed
+        followed = sbx.run_code("x\ncat('to stdout\\n')", language="r")
+        assert [(r.text, r.is_main_result) for r in followed.results] == [("[1] 41", False)]
+        assert followed.text is None and followed.logs.stdout == ["to stdout\n"], followed
         plot = sbx.run_code("plot(1:10)", language="r").results
         assert len(plot) == 1 and base64.b64decode(plot[0].png).startswith(b"\x89PNG"), plot
+        assert not plot[0].is_main_result, "a plot is shown, not the cell's value"
         failed = sbx.run_code("stop('no such thing')", language="r")
         assert failed.error is not None and "no such thing" in failed.error.value, failed.error
 

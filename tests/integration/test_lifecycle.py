@@ -5,6 +5,7 @@ import json
 import subprocess
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,11 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
+from e2b.api.client.api.sandboxes import post_sandboxes_sandbox_id_refreshes as refreshes
+from e2b.api.client.models import Error, SandboxRefreshRequest
+from e2b.connection_config import ConnectionConfig
 from e2b.exceptions import NotFoundException
+from e2b.sandbox_sync.paginator import get_api_client
 
 from conftest import API_KEY
 from test_tenants import wait_for_port
@@ -57,9 +62,8 @@ def test_list_orders_filters_and_pages_by_start_time(sandbox_factory):
     between them."""
     tag = uuid.uuid4().hex
     made = []
-    for _ in range(3):
+    for _ in range(3):  # within a second or so: start times have their fractions
         made.append(sandbox_factory(metadata={"order": tag}))
-        time.sleep(1.1)  # start times are in seconds
     ids = [s.sandbox_id for s in made]
 
     def listed(limit=None, order=None, **query):
@@ -88,6 +92,29 @@ def test_list_orders_filters_and_pages_by_start_time(sandbox_factory):
     assert not paginator.has_next
 
 
+def test_paginate_running_and_paused_sandboxes(sandbox_factory):
+    """E2B's test of that name: running and paused are one list, newest first, so a first page
+    of one is the newest sandbox whatever its state. The two are made within the same second,
+    which whole-second start times could not order."""
+    tag = uuid.uuid4().hex
+    older = sandbox_factory(metadata={"both": tag})
+    newer = sandbox_factory(metadata={"both": tag})
+    newer.pause()
+    started = [s.get_info().started_at for s in (older, newer)]
+    assert started[0] < started[1], started
+    assert started[1] - started[0] < timedelta(seconds=5), "made one after the other"
+
+    query = SandboxQuery(metadata={"both": tag}, state=[SandboxState.RUNNING, SandboxState.PAUSED])
+    paginator = Sandbox.list(query=query, limit=1)
+    first = paginator.next_items()
+    assert [(s.sandbox_id, s.state) for s in first] == [(newer.sandbox_id, SandboxState.PAUSED)]
+    assert paginator.has_next and paginator.next_token
+    second = paginator.next_items()
+    assert [(s.sandbox_id, s.state) for s in second] == [(older.sandbox_id, SandboxState.RUNNING)]
+    assert not paginator.has_next and paginator.next_token is None
+    assert [s.started_at for s in first + second] == started[::-1], "the fractions are listed too"
+
+
 def test_the_js_sdk_lists_newest_first_and_never_a_killed_sandbox(server):
     js = """
       import { Sandbox } from 'e2b'
@@ -95,7 +122,6 @@ def test_the_js_sdk_lists_newest_first_and_never_a_killed_sandbox(server):
       const ids = async (opts = {}) => (await Sandbox.list({ query: { metadata }, ...opts })
         .nextItems()).map((s) => s.sandboxId)
       const a = await Sandbox.create({ metadata })
-      await new Promise((r) => setTimeout(r, 1100))
       const b = await Sandbox.create({ metadata })
       const before = await ids()
       const asc = await ids({ order: 'asc' })
@@ -152,6 +178,30 @@ def test_set_timeout_extends_life(sandbox_factory):
     assert sbx.is_running()
     end = sbx.get_info().end_at
     assert end.timestamp() - time.time() > 60
+
+
+def test_refresh_lengthens_a_life_and_never_shortens_it(sandbox_factory, other_key):
+    """`POST /sandboxes/{id}/refreshes` through the SDK's generated client: 204, the deadline
+    moves out to `duration` from now, a shorter refresh leaves it, and another key's refresh
+    is a 404 that changes nothing."""
+    sbx = sandbox_factory(timeout=30)
+
+    def refresh(api_key=None, **body):
+        config = ConnectionConfig(api_key=api_key) if api_key else ConnectionConfig()
+        return refreshes.sync_detailed(sbx.sandbox_id, client=get_api_client(config),
+                                       body=SandboxRefreshRequest(**body))
+
+    before = sbx.get_info().end_at
+    assert refresh(duration=600).status_code == 204
+    extended = sbx.get_info().end_at
+    assert extended - before > timedelta(seconds=500), (before, extended)
+    assert refresh(duration=60).status_code == 204
+    assert refresh().status_code == 204, "duration is optional"
+    assert sbx.get_info().end_at == extended, "a shorter refresh shortens nothing"
+
+    other = refresh(api_key=other_key, duration=3000)
+    assert other.status_code == 404 and isinstance(other.parsed, Error), other
+    assert sbx.get_info().end_at == extended
 
 
 @pytest.mark.newest_sdk

@@ -396,19 +396,45 @@ def test_base_has_what_e2bs_base_has(sandbox):
         "git --version && pip --version && curl --version | head -1 && command -v sudo && "
         "ls /etc/ssl/certs/ca-certificates.crt")
     assert run.exit_code == 0 and "git version" in run.stdout and "pip " in run.stdout, run
+    # `python` is python3, as in E2B's base: scripts and tests call it by that name.
+    python = sandbox.commands.run("python -c 'import sys; print(sys.version_info[0])' && "
+                                  "readlink -f $(command -v python) $(command -v python3)")
+    major, resolved, resolved3 = python.stdout.split()
+    assert major == "3" and resolved == resolved3, python.stdout
 
 
-def test_templates_are_listed_got_and_made_public_through_the_sdks_client(names, other_key):
+def test_templates_are_listed_got_logged_and_made_public_through_the_sdks_client(
+        server, names, other_key):
     from e2b import ConnectionConfig
     from e2b.api.client.api.templates import (
-        get_templates, get_templates_template_id, get_v2_templates, patch_v_2_templates_template_id)
-    from e2b.api.client.models import TemplateUpdateRequest
+        get_templates, get_templates_template_id, get_templates_template_id_builds_build_id_logs,
+        get_v2_templates, patch_v_2_templates_template_id)
+    from e2b.api.client.models import LogLevel, LogsDirection, TemplateUpdateRequest
     from e2b.api.client_sync import get_api_client
 
-    name = names()
-    info = Template.build(Template().from_template("base").run_cmd("echo shared > /shared",
-                                                                  user="root"), name)
+    name, marker = names(), f"logged-{uuid.uuid4().hex}"
+    info = Template.build(Template().from_template("base").run_cmd(
+        f"echo shared > /shared && echo {marker}", user="root"), name)
     client = get_api_client(ConnectionConfig())
+
+    # Its log through E2B's log route: the status route's entries, in time order, paged by
+    # time and filtered by level (a build that succeeded logged no error).
+    def build_log(client=client, **query):
+        return get_templates_template_id_builds_build_id_logs.sync_detailed(
+            info.template_id, info.build_id, client=client, **query)
+
+    res = build_log(limit=1000)
+    assert res.status_code == 200, res
+    logged = [(e.timestamp, e.message) for e in res.parsed.logs]
+    _, status = server.api("GET", f"/templates/{info.template_id}/builds/{info.build_id}/status"
+                                  "?limit=1000")
+    assert [m for _, m in logged] == [e["message"] for e in status["logEntries"]]
+    assert any(marker in m for _, m in logged) and logged == sorted(logged, key=lambda e: e[0])
+    last = build_log(direction=LogsDirection.BACKWARD, limit=1).parsed.logs
+    assert [(e.timestamp, e.message) for e in last] == logged[-1:]
+    assert build_log(level=LogLevel.ERROR).parsed.logs == []
+    assert build_log(client=get_api_client(ConnectionConfig(api_key=other_key))).status_code == 404
+
     listed = get_v2_templates.sync(client=client)
     mine = [t for t in listed if name in t.names]
     assert len(mine) == 1 and mine[0].build_status.value == "ready", listed

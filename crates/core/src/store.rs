@@ -134,8 +134,9 @@ pub struct SandboxRecord {
     pub access_token: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
-    /// Unix seconds.
-    pub started_at: i64,
+    /// Unix microseconds. A server gives each create a later one than the last, so it also
+    /// orders creates: lists are by it, and two sandboxes never tie.
+    pub started_at_us: i64,
     /// Unix seconds; the sandbox is killed when this passes.
     pub end_at: i64,
     pub resources: Resources,
@@ -279,7 +280,7 @@ impl Store {
     pub fn insert_sandbox(&self, r: &SandboxRecord) -> Result<(), StoreError> {
         self.conn().execute(
             "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token, metadata,
-             env_vars, started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
+             env_vars, started_at_us, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
              auto_resume, owner, egress, traffic_access_token, require_traffic_token,
              timeout_pause, pause_mode, volume_mounts)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
@@ -293,7 +294,7 @@ impl Store {
                 r.access_token,
                 serde_json::to_string(&r.metadata).expect("map serializes"),
                 serde_json::to_string(&r.env_vars).expect("map serializes"),
-                r.started_at,
+                r.started_at_us,
                 r.end_at,
                 r.resources.cpu_count,
                 r.resources.memory_mb,
@@ -371,9 +372,9 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT id, template, rootfs, state, slot, access_token, metadata, env_vars,
-             started_at, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, auto_resume,
-             owner, egress, traffic_access_token, require_traffic_token, timeout_pause,
-             pause_mode, volume_mounts FROM sandboxes ORDER BY started_at, id",
+             started_at_us, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout,
+             auto_resume, owner, egress, traffic_access_token, require_traffic_token,
+             timeout_pause, pause_mode, volume_mounts FROM sandboxes ORDER BY started_at_us, id",
         )?;
         let rows = stmt.query_map([], |row| {
             let id: String = row.get(0)?;
@@ -392,7 +393,7 @@ impl Store {
                         .map_err(|_| StoreError::Corrupt(id.clone()))?,
                     env_vars: serde_json::from_str(&text(7)?)
                         .map_err(|_| StoreError::Corrupt(id.clone()))?,
-                    started_at: row.get(8)?,
+                    started_at_us: row.get(8)?,
                     end_at: row.get(9)?,
                     resources: Resources {
                         cpu_count: row.get(10)?,
@@ -507,7 +508,7 @@ mod tests {
             access_token: Some("tok".into()),
             metadata: BTreeMap::from([("k".into(), "v".into())]),
             env_vars: BTreeMap::new(),
-            started_at: 10,
+            started_at_us: 10,
             end_at: 20,
             resources: Resources {
                 cpu_count: 2,
@@ -616,6 +617,10 @@ mod tests {
         assert_eq!(all[0].rootfs, PathBuf::from("/t/rootfs"));
         assert_eq!(all[0].state, SandboxState::Running);
         assert_eq!(all[0].slot, Some(3));
+        assert_eq!(
+            all[0].started_at_us, 1_000_000,
+            "seconds became microseconds"
+        );
     }
 
     #[test]

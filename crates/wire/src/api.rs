@@ -137,6 +137,13 @@ pub struct TimeoutBody {
     pub memory: Option<bool>,
 }
 
+/// `POST /sandboxes/{id}/refreshes` (optional): how many seconds more to keep it alive.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RefreshBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<u64>,
+}
+
 /// `POST /sandboxes/{id}/pause` (optional).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

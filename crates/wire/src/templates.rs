@@ -92,6 +92,12 @@ pub struct BuildStatusBody {
     pub reason: Option<BuildFailureReason>,
 }
 
+/// `GET /templates/{id}/builds/{build}/logs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildLogsBody {
+    pub logs: Vec<BuildLogEntry>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildLogEntry {
     /// ISO 8601.

@@ -52,6 +52,13 @@ impl Dialect {
     pub fn late_output(self) -> bool {
         matches!(self, Dialect::Deno | Dialect::Node)
     }
+
+    /// Whether the kernel sends a cell's visible values as `display_data`, not as Jupyter's
+    /// `execute_result` (IRkernel does): its last display, if no output follows, is the value
+    /// of the cell's last expression, the main result E2B reports for it.
+    pub fn values_as_display(self) -> bool {
+        matches!(self, Dialect::R)
+    }
 }
 
 /// One installed kernelspec.

@@ -366,6 +366,20 @@ impl Lifecycle {
     }
 }
 
+/// Now in Unix microseconds, and always later than the last it gave: a sandbox's start orders
+/// the lists, so two creates of one server never tie, and the later one is the newer.
+fn start_stamp() -> i64 {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = chrono::Utc::now().timestamp_micros();
+    let last = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(now.max(last + 1))
+        })
+        .expect("the closure always gives a value");
+    now.max(last + 1)
+}
+
 /// The record of a sandbox a create is making.
 fn new_record(
     id: SandboxId,
@@ -375,7 +389,7 @@ fn new_record(
     timeout: Duration,
     params: CreateParams,
 ) -> SandboxRecord {
-    let now = super::now_unix();
+    let started_at_us = start_stamp();
     SandboxRecord {
         id,
         template,
@@ -385,8 +399,8 @@ fn new_record(
         access_token: params.secure.then(|| random_token(32)),
         metadata: params.metadata,
         env_vars: params.env_vars,
-        started_at: now,
-        end_at: now + timeout.as_secs() as i64,
+        started_at_us,
+        end_at: started_at_us / 1_000_000 + timeout.as_secs() as i64,
         resources,
         pause_on_timeout: params.pause_on_timeout,
         timeout_pause: params.timeout_pause,
@@ -399,5 +413,22 @@ fn new_record(
         traffic_access_token: Some(random_token(32)),
         require_traffic_token: params.require_traffic_token,
         volume_mounts: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn start_stamps_never_tie() {
+        let stamps: Vec<i64> = (0..1000).map(|_| super::start_stamp()).collect();
+        assert!(
+            stamps.windows(2).all(|w| w[0] < w[1]),
+            "strictly later each time"
+        );
+        let now = chrono::Utc::now().timestamp_micros();
+        assert!(
+            (now - stamps[0]).abs() < 10_000_000,
+            "and close to the clock"
+        );
     }
 }

@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 /// sandbox keeps running meanwhile.
 const AUTO_PAUSE_RETRY: Duration = Duration::from_secs(60);
 
+/// The least a refresh keeps a sandbox alive for (E2B's `SandboxTimeoutDefault`).
+const MIN_REFRESH: Duration = Duration::from_secs(15);
+
 impl Lifecycle {
     /// Sets a running sandbox to expire `timeout` from now (replacing the old deadline).
     pub fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
@@ -24,11 +27,30 @@ impl Lifecycle {
         self.extend(&sandbox, timeout)
     }
 
+    /// E2B's refresh: a running sandbox lives at least `duration` more (15 s when none or
+    /// less is asked, as E2B's), and never less than it already had.
+    pub fn refresh(&self, id: &str, duration: Option<Duration>) -> Result<(), LifecycleError> {
+        let duration = self.clamp_timeout(Some(duration.unwrap_or_default().max(MIN_REFRESH)))?;
+        let sandbox = self.find(id)?;
+        if sandbox.phase().shown() != Some(crate::store::SandboxState::Running) {
+            return Err(LifecycleError::SandboxNotFound(id.to_owned()));
+        }
+        self.extend_only(&sandbox, duration)
+    }
+
     /// Moves the deadline to `timeout` from now.
     fn extend(&self, sandbox: &Sandbox, timeout: Duration) -> Result<(), LifecycleError> {
         let end_at = now_unix() + timeout.as_secs() as i64;
         self.store.set_end_at(sandbox.id(), end_at)?;
         sandbox.update_record(|r| r.end_at = end_at);
+        Ok(())
+    }
+
+    /// Moves the deadline to `timeout` from now if that is later.
+    fn extend_only(&self, sandbox: &Sandbox, timeout: Duration) -> Result<(), LifecycleError> {
+        if now_unix() + timeout.as_secs() as i64 > sandbox.record().end_at {
+            self.extend(sandbox, timeout)?;
+        }
         Ok(())
     }
 
@@ -44,10 +66,7 @@ impl Lifecycle {
         let sandbox = self.find(id)?;
         if matches!(sandbox.phase(), Phase::Running | Phase::Snapshotting) {
             if let Some(t) = timeout {
-                let t = self.clamp_timeout(Some(t))?;
-                if now_unix() + t.as_secs() as i64 > sandbox.record().end_at {
-                    self.extend(&sandbox, t)?;
-                }
+                self.extend_only(&sandbox, self.clamp_timeout(Some(t))?)?;
             }
             return Ok((sandbox, false));
         }

@@ -471,7 +471,7 @@ impl Lifecycle {
         })
     }
 
-    /// Running and paused sandboxes, oldest first.
+    /// Running and paused sandboxes, oldest first (in the order they were created).
     pub fn list_records(&self) -> Vec<Arc<SandboxRecord>> {
         let mut all: Vec<Arc<SandboxRecord>> = self
             .sandboxes
@@ -480,7 +480,7 @@ impl Lifecycle {
             .filter(|s| s.phase().shown().is_some())
             .map(|s| s.record())
             .collect();
-        all.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        all.sort_by(|a, b| (a.started_at_us, &a.id).cmp(&(b.started_at_us, &b.id)));
         all
     }
 }

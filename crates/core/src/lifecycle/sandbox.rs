@@ -394,7 +394,7 @@ mod tests {
             access_token: Some("tok".into()),
             metadata: Default::default(),
             env_vars: Default::default(),
-            started_at: 0,
+            started_at_us: 0,
             end_at: 0,
             resources: Resources {
                 cpu_count: 1,

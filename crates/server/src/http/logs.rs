@@ -1,6 +1,7 @@
 //! A sandbox's log (`GET /v2/sandboxes/{id}/logs`, and E2B's first version without it):
 //! what its agent did and what its template's start command wrote. The agent holds the log;
 //! this pages and filters it as E2B's API does. A key sees its own sandboxes' logs only.
+//! A build's log is paged the same way ([`Page`], for `templates/builds.rs`).
 
 use crate::http::auth::Owned;
 use crate::http::error::ApiError;
@@ -14,9 +15,40 @@ use std::collections::HashMap;
 /// Entries one call returns unless it asks for fewer (E2B's default, and its most).
 const MAX_PAGE: usize = 1000;
 
+/// What a page chooses a log entry by: a sandbox's and a build's entries alike.
+pub(crate) trait Logged {
+    fn at_ms(&self) -> i64;
+    fn level(&self) -> LogLevel;
+    fn message(&self) -> &str;
+}
+
+impl Logged for LogEntry {
+    fn at_ms(&self) -> i64 {
+        self.at_ms
+    }
+    fn level(&self) -> LogLevel {
+        self.level
+    }
+    fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl Logged for airlock_core::store::LogEntry {
+    fn at_ms(&self) -> i64 {
+        self.at_ms
+    }
+    fn level(&self) -> LogLevel {
+        self.level
+    }
+    fn message(&self) -> &str {
+        &self.message
+    }
+}
+
 /// Which entries to return, in which order.
 #[derive(Debug, PartialEq)]
-struct Page {
+pub(crate) struct Page {
     /// Unix milliseconds: from here on (forward) or back from here (backward).
     cursor: Option<i64>,
     backward: bool,
@@ -27,7 +59,10 @@ struct Page {
 }
 
 impl Page {
-    fn parse(query: &HashMap<String, String>, cursor_name: &str) -> Result<Page, ApiError> {
+    pub(crate) fn parse(
+        query: &HashMap<String, String>,
+        cursor_name: &str,
+    ) -> Result<Page, ApiError> {
         let number = |name: &str| -> Result<Option<i64>, ApiError> {
             query
                 .get(name)
@@ -74,24 +109,28 @@ impl Page {
     }
 
     /// The entries of `log` (oldest first) this page holds, in its direction.
-    fn select<'a>(&self, log: &'a [LogEntry]) -> Vec<&'a LogEntry> {
-        let wanted = |e: &&LogEntry| {
-            e.level >= self.min_level
-                && self.search.as_deref().is_none_or(|s| e.message.contains(s))
+    pub(crate) fn select<'a, E: Logged>(&self, log: &'a [E]) -> Vec<&'a E> {
+        let wanted = |e: &&E| {
+            e.level() >= self.min_level
+                && self
+                    .search
+                    .as_deref()
+                    .is_none_or(|s| e.message().contains(s))
         };
         if self.backward {
             let until = self.cursor.unwrap_or(i64::MAX);
-            let newest_first = log.iter().rev().filter(|e| e.at_ms <= until);
+            let newest_first = log.iter().rev().filter(|e| e.at_ms() <= until);
             newest_first.filter(wanted).take(self.limit).collect()
         } else {
             let from = self.cursor.unwrap_or(i64::MIN);
-            let oldest_first = log.iter().filter(|e| e.at_ms >= from);
+            let oldest_first = log.iter().filter(|e| e.at_ms() >= from);
             oldest_first.filter(wanted).take(self.limit).collect()
         }
     }
 }
 
-fn timestamp(at_ms: i64) -> String {
+/// A log entry's time as E2B's answers carry it.
+pub(crate) fn timestamp(at_ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(at_ms)
         .unwrap_or_default()
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

@@ -36,6 +36,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(sandboxes::detail).delete(sandboxes::kill),
         )
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh))
         .route("/sandboxes/{id}/network", put(sandboxes::set_network))
         .route("/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
@@ -65,6 +66,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route(
             "/templates/{id}/builds/{build}/status",
             get(builds::build_status),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/logs",
+            get(builds::build_logs),
         )
         .route(
             "/templates/{id}/files/{hash}",

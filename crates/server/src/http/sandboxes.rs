@@ -10,8 +10,8 @@ use airlock_core::lifecycle::CreateParams;
 use airlock_core::store::{PauseMode, SandboxRecord, SandboxState as StoredState, Store};
 use airlock_core::volumes::MountRequest;
 use airlock_wire::api::{
-    NetworkConfig, NetworkUpdate, NewSandbox, Sandbox, SandboxDetail, SandboxLifecycle,
-    SandboxState, TimeoutBody, VolumeMountBody,
+    NetworkConfig, NetworkUpdate, NewSandbox, RefreshBody, Sandbox, SandboxDetail,
+    SandboxLifecycle, SandboxState, TimeoutBody, VolumeMountBody,
 };
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Extension, Query, State};
@@ -142,10 +142,8 @@ pub(crate) fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
     }
 }
 
-fn rfc3339(unix: i64) -> String {
-    chrono::DateTime::from_timestamp(unix, 0)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+fn rfc3339(at: Option<chrono::DateTime<chrono::Utc>>, precision: chrono::SecondsFormat) -> String {
+    at.unwrap_or_default().to_rfc3339_opts(precision, true)
 }
 
 pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
@@ -155,8 +153,15 @@ pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool)
         sandbox_id: r.id.to_string(),
         client_id: state.node_name.clone(),
         alias: Some(alias),
-        started_at: rfc3339(r.started_at),
-        end_at: rfc3339(r.end_at),
+        // With its fractions, as E2B's: a list's order is by it.
+        started_at: rfc3339(
+            chrono::DateTime::from_timestamp_micros(r.started_at_us),
+            chrono::SecondsFormat::Micros,
+        ),
+        end_at: rfc3339(
+            chrono::DateTime::from_timestamp(r.end_at, 0),
+            chrono::SecondsFormat::Secs,
+        ),
         envd_version: ENVD_VERSION.into(),
         cpu_count: r.resources.cpu_count,
         memory_mb: r.resources.memory_mb,
@@ -261,6 +266,19 @@ pub(crate) async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// E2B's refresh: a running sandbox lives at least `duration` seconds more (15 without one);
+/// its life is never shortened.
+pub(crate) async fn refresh(
+    State(state): State<AppState>,
+    Owned { id, .. }: Owned,
+    JsonBody(body): JsonBody<RefreshBody>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .lifecycle
+        .refresh(&id, body.duration.map(Duration::from_secs))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// How a resume brings a paused sandbox back: `memory: false` asks for a reboot.
 pub(crate) fn resume_mode(body: &TimeoutBody) -> PauseMode {
     match body.memory {
@@ -287,7 +305,8 @@ pub(crate) async fn connect(
     Ok((status, Json(sandbox_body(&state, &sandbox.record()))).into_response())
 }
 
-/// The caller's sandboxes that the list query's filters let through, oldest first:
+/// The caller's sandboxes that the list query's filters let through, oldest (the first
+/// created) first:
 /// `metadata`, `state` (`by_default` without one), `template` (id or name, a tag aside) and
 /// `startedAfter` / `startedBefore` (RFC 3339, both inclusive).
 fn matching<'a>(
@@ -314,7 +333,7 @@ fn matching<'a>(
             .get(name)
             .map(|t| {
                 chrono::DateTime::parse_from_rfc3339(t)
-                    .map(|t| t.timestamp())
+                    .map(|t| t.timestamp_micros())
                     .map_err(|_| {
                         ApiError::bad_request(format!("{name} '{t}' is not an RFC 3339 time"))
                     })
@@ -332,8 +351,8 @@ fn matching<'a>(
         .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
-        .filter(|r| after.is_none_or(|t| r.started_at >= t))
-        .filter(|r| before.is_none_or(|t| r.started_at <= t))
+        .filter(|r| after.is_none_or(|t| r.started_at_us >= t))
+        .filter(|r| before.is_none_or(|t| r.started_at_us <= t))
         .filter(|r| {
             template.is_none_or(|t| {
                 let (id, name) = template_names(&state.store, r);
@@ -384,7 +403,7 @@ pub(crate) async fn list_v2(
             .ok_or_else(|| ApiError::bad_request(format!("limit must be 1..={MAX_PAGE}")))?,
         None => MAX_PAGE,
     };
-    let place = |r: &SandboxRecord| format!("{}.{}", r.started_at, r.id);
+    let place = |r: &SandboxRecord| format!("{}.{}", r.started_at_us, r.id);
     let start = match query.get("nextToken").filter(|t| !t.is_empty()) {
         Some(token) => {
             let (at, id) = token
@@ -392,7 +411,7 @@ pub(crate) async fn list_v2(
                 .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id)))
                 .ok_or_else(|| ApiError::bad_request("nextToken is not one this server gave"))?;
             let after = |r: &&Arc<SandboxRecord>| {
-                let here = (r.started_at, r.id.as_str());
+                let here = (r.started_at_us, r.id.as_str());
                 if newest_first {
                     here < (at, id)
                 } else {

@@ -109,14 +109,21 @@ impl Kernel {
         }
         self.runs += 1;
 
-        let mut run = RunState::default();
+        let mut run = RunState::new(self.spec.dialect());
+        let end = self.follow(&msg_id, &mut run, out).await;
+        run.release(end == RunEnd::Done, out).await;
+        end
+    }
+
+    /// Streams the run of request `msg_id` until the kernel is done with it or gone.
+    async fn follow(&mut self, msg_id: &str, run: &mut RunState, out: &mut Output) -> RunEnd {
         let mut last_iopub = Instant::now();
         // Set once the client left and the kernel was interrupted.
         let mut interrupted: Option<(Instant, u8)> = None;
         loop {
             if run.idle_at.is_some() && run.replied {
                 if self.spec.dialect().late_output() {
-                    self.settle(&msg_id, &mut run, out).await;
+                    self.settle(msg_id, run, out).await;
                 }
                 return RunEnd::Done;
             }
@@ -158,12 +165,12 @@ impl Kernel {
                 }
                 Some(m) = self.iopub_rx.recv() => {
                     last_iopub = Instant::now();
-                    if m.is_child_of(&msg_id) {
+                    if m.is_child_of(msg_id) {
                         run.on_iopub(m, out).await;
                     }
                 }
                 Some(m) = self.shell_rx.recv() => {
-                    if m.is_child_of(&msg_id) && m.msg_type == "execute_reply" {
+                    if m.is_child_of(msg_id) && m.msg_type == "execute_reply" {
                         run.on_reply(m, out).await;
                     }
                 }
@@ -171,10 +178,11 @@ impl Kernel {
                     // Output the kernel sent just before it died is still worth showing.
                     let drain_until = Instant::now() + EXIT_DRAIN;
                     while let Ok(Some(m)) = tokio::time::timeout_at(drain_until, self.iopub_rx.recv()).await {
-                        if m.is_child_of(&msg_id) {
+                        if m.is_child_of(msg_id) {
                             run.on_iopub(m, out).await;
                         }
                     }
+                    run.release(false, out).await;
                     out.send(&self.death_event()).await;
                     return RunEnd::KernelGone;
                 }

@@ -2,6 +2,7 @@
 
 use super::process::KernelMessage;
 use crate::interpreter::events::{self, Event, Output, ResultEvent, StreamName};
+use crate::interpreter::kernelspec::Dialect;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
@@ -12,9 +13,29 @@ pub(super) struct RunState {
     pub(super) errored: bool,
     pub(super) replied: bool,
     pub(super) idle_at: Option<Instant>,
+    /// The kernel sends values as displays ([`Dialect::values_as_display`]).
+    values_as_display: bool,
+    /// Its latest display that is no image, held back until what comes next says whether it
+    /// was the cell's value: more output (it was not), or the end of the run (it was).
+    held: Option<ResultEvent>,
 }
 
 impl RunState {
+    pub(super) fn new(dialect: Dialect) -> RunState {
+        RunState {
+            values_as_display: dialect.values_as_display(),
+            ..RunState::default()
+        }
+    }
+
+    /// Sends the held display, as the main result if the run ended with it and completed.
+    pub(super) async fn release(&mut self, ended_with_it: bool, out: &mut Output) {
+        if let Some(mut held) = self.held.take() {
+            held.is_main_result = ended_with_it && !self.errored;
+            out.result(held).await;
+        }
+    }
+
     pub(super) async fn send_count(&mut self, content: &Value, out: &mut Output) {
         if self.count_sent {
             return;
@@ -27,6 +48,12 @@ impl RunState {
     }
 
     pub(super) async fn on_iopub(&mut self, m: KernelMessage, out: &mut Output) {
+        if matches!(
+            m.msg_type.as_str(),
+            "stream" | "execute_result" | "display_data" | "error"
+        ) {
+            self.release(false, out).await;
+        }
         match m.msg_type.as_str() {
             "execute_input" => self.send_count(&m.content, out).await,
             "stream" => {
@@ -46,7 +73,12 @@ impl RunState {
                     .and_then(Value::as_object)
                     .unwrap_or(&empty);
                 let result = ResultEvent::from_bundle(bundle, m.msg_type == "execute_result");
-                out.result(result).await;
+                let image = result.png.is_some() || result.jpeg.is_some() || result.svg.is_some();
+                if self.values_as_display && !result.is_main_result && !image {
+                    self.held = Some(result);
+                } else {
+                    out.result(result).await;
+                }
             }
             "error" if !self.errored => {
                 self.errored = true;
@@ -131,5 +163,67 @@ mod tests {
             ]
         );
         assert!(run.replied && run.idle_at.is_some());
+    }
+
+    #[tokio::test]
+    async fn an_r_cells_last_value_is_its_main_result() {
+        let display = |text: &str| KernelMessage {
+            msg_type: "display_data".into(),
+            parent_id: Some("x".into()),
+            date: None,
+            content: serde_json::json!({"data": {"text/plain": text}}),
+        };
+        let plot = || KernelMessage {
+            content: serde_json::json!({"data": {"image/png": "iVBOR", "text/plain": "plot"}}),
+            ..display("")
+        };
+        let stream = || KernelMessage {
+            msg_type: "stream".into(),
+            content: serde_json::json!({"name": "stdout", "text": "out\n"}),
+            ..display("")
+        };
+        // (messages, dialect) -> the results' (text, is_main_result), in the order sent.
+        let results = |messages: Vec<KernelMessage>, dialect| async move {
+            let (tx, mut rx) = mpsc::channel(16);
+            let mut out = Output::new(tx);
+            let mut run = RunState::new(dialect);
+            for m in messages {
+                run.on_iopub(m, &mut out).await;
+            }
+            run.release(true, &mut out).await;
+            drop(out);
+            let mut got = Vec::new();
+            while let Some(line) = rx.recv().await {
+                let event: Value = serde_json::from_slice(&line).unwrap();
+                if event["type"] != "result" {
+                    continue;
+                }
+                got.push((
+                    event["text"].as_str().unwrap().to_owned(),
+                    event["is_main_result"] == true,
+                ));
+            }
+            got
+        };
+        let main = |t: &str, is_main| (t.to_owned(), is_main);
+        assert_eq!(
+            results(vec![display("[1] 1"), display("[1] 6")], Dialect::R).await,
+            [main("[1] 1", false), main("[1] 6", true)]
+        );
+        assert_eq!(
+            results(vec![display("[1] 6"), stream()], Dialect::R).await,
+            [main("[1] 6", false)],
+            "output after it: it was not the last expression"
+        );
+        assert_eq!(
+            results(vec![display("[1] 6"), plot()], Dialect::R).await,
+            [main("[1] 6", false), main("plot", false)],
+            "a plot is never the value"
+        );
+        assert_eq!(
+            results(vec![display("6")], Dialect::Python).await,
+            [main("6", false)],
+            "other kernels' displays are displays"
+        );
     }
 }

@@ -421,6 +421,22 @@ async fn expiry_and_timeouts() {
         lc.set_timeout(long.id().as_str(), too_long),
         Err(LifecycleError::TimeoutTooLong { .. })
     ));
+
+    // A refresh lengthens a life, never shortens it, and gives at least 15 s.
+    let id = long.id().as_str();
+    let end_at = || lc.record(id).unwrap().end_at;
+    lc.set_timeout(id, Duration::from_secs(5)).unwrap();
+    lc.refresh(id, None).unwrap();
+    let floor = end_at() - now_unix();
+    assert!((14..=15).contains(&floor), "{floor}");
+    lc.refresh(id, Some(Duration::from_secs(600))).unwrap();
+    let extended = end_at();
+    lc.refresh(id, Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(end_at(), extended, "a shorter refresh leaves the deadline");
+    assert!(matches!(
+        lc.refresh(id, Some(too_long)),
+        Err(LifecycleError::TimeoutTooLong { .. })
+    ));
 }
 
 #[tokio::test]

@@ -5,24 +5,26 @@
 use crate::dockerfile::steps::step;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, JsonBody};
+use crate::http::logs::{timestamp, Page};
 use crate::http::templates::{find_owned, owned, owned_build};
 use crate::AppState;
 use airlock_core::build::image::ImageSource;
-use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, BUILDS_KEPT};
+use airlock_core::build::{BuildBase, BuildDefinition, BuildJob, BUILDS_KEPT, MAX_LOG_ENTRIES};
 use airlock_core::driver::Resources;
 use airlock_core::ids::{SandboxId, TemplateName};
 use airlock_core::store::{
-    split_reference, BuildRecord, BuildStatus, TemplateRecord, UserTemplate, DEFAULT_TAG,
+    split_reference, BuildRecord, BuildStatus, LogEntry, TemplateRecord, UserTemplate, DEFAULT_TAG,
 };
 use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
-    BuildFailureReason, BuildLogEntry, BuildStatusBody, BuildStatusQuery, TemplateBuildCreated,
-    TemplateBuildRequest, TemplateBuildStart,
+    BuildFailureReason, BuildLogEntry, BuildLogsBody, BuildStatusBody, BuildStatusQuery,
+    TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart,
 };
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use std::collections::HashMap;
 
 /// Most log entries one status call returns.
 const MAX_LOG_PAGE: u64 = 1000;
@@ -370,17 +372,7 @@ pub(crate) async fn build_status(
     let entries = state
         .store
         .build_logs(&record.id, query.logs_offset.unwrap_or(0), limit)?;
-    let log_entries = entries
-        .into_iter()
-        .map(|e| BuildLogEntry {
-            timestamp: chrono::DateTime::from_timestamp_millis(e.at_ms)
-                .unwrap_or_default()
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            level: e.level.as_str().into(),
-            message: e.message,
-            step: e.step,
-        })
-        .collect();
+    let log_entries = entries.iter().map(log_entry_body).collect();
     Ok(Json(BuildStatusBody {
         template_id: template.id.to_string(),
         build_id: record.id,
@@ -391,4 +383,34 @@ pub(crate) async fn build_status(
             .failure
             .map(|(message, step)| BuildFailureReason { message, step }),
     }))
+}
+
+/// E2B's log route of a build: the entries the status route pages by offset, paged by time
+/// as a sandbox's log is (`cursor` in Unix ms, `direction`, `limit`, `level`). `source` (E2B's
+/// live builder or its log store) is one store here, so it changes nothing.
+pub(crate) async fn build_logs(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, build)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<BuildLogsBody>, ApiError> {
+    let (_, record) = owned_build(&state, &caller, &id, &build)?;
+    let page = Page::parse(&query, "cursor")?;
+    let entries = state.store.build_logs(&record.id, 0, MAX_LOG_ENTRIES)?;
+    let logs = page
+        .select(&entries)
+        .into_iter()
+        .map(log_entry_body)
+        .collect();
+    Ok(Json(BuildLogsBody { logs }))
+}
+
+/// A build's log entry as both routes answer it.
+fn log_entry_body(e: &LogEntry) -> BuildLogEntry {
+    BuildLogEntry {
+        timestamp: timestamp(e.at_ms),
+        level: e.level.as_str().into(),
+        message: e.message.clone(),
+        step: e.step.clone(),
+    }
 }
