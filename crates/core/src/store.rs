@@ -40,8 +40,6 @@ pub enum StoreError {
     Create(#[source] std::io::Error),
     #[error("bringing the database's schema up to date")]
     Migrate(#[source] refinery::Error),
-    #[error("the database's schema is at migration {found:?}, this build's at {expected}")]
-    SchemaDiffers { found: Option<i64>, expected: i64 },
     #[error("PostgreSQL error")]
     Postgres(#[from] tokio_postgres::Error),
     #[error("setting up the PostgreSQL pool: {0}")]
@@ -232,28 +230,14 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrations::migrate(&mut conn)?;
-        Ok(Store::on(conn))
-    }
-
-    /// Another server's database (a data dir that shares this one's templates), to read what
-    /// it uses. It is never migrated: that server may be running, and may be older. Refused
-    /// unless its schema is exactly this build's.
-    pub fn open_other(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrations::check_current(&conn)?;
-        Ok(Store::on(conn))
-    }
-
-    fn on(conn: Connection) -> Store {
         let conn = Arc::new(Mutex::new(conn));
         let db = db::Db::Sqlite(conn.clone());
-        Store {
+        Ok(Store {
             keys: Keys::new(db.clone()),
             snapshots: SnapshotRecords::new(db.clone()),
             volumes: VolumeRecords::new(db),
             conn,
-        }
+        })
     }
 
     /// The API keys, which gateways will read from PostgreSQL.

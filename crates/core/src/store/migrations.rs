@@ -32,29 +32,6 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Fails unless the database has every migration of this build's set applied and no newer one.
-pub(super) fn check_current(conn: &Connection) -> Result<(), StoreError> {
-    let expected = runner()
-        .get_migrations()
-        .iter()
-        .map(|m| i64::from(m.version()))
-        .max()
-        .unwrap_or(0);
-    let found = if table_exists(conn, "refinery_schema_history")? {
-        conn.query_row(
-            "SELECT MAX(version) FROM refinery_schema_history",
-            [],
-            |row| row.get(0),
-        )?
-    } else {
-        None
-    };
-    match found == Some(expected) {
-        true => Ok(()),
-        false => Err(StoreError::SchemaDiffers { found, expected }),
-    }
-}
-
 fn has_tables(conn: &Connection) -> Result<bool, StoreError> {
     Ok(conn
         .query_row(
@@ -296,43 +273,5 @@ mod tests {
             })
             .unwrap();
         assert_eq!(runs as usize, runner().get_migrations().len());
-    }
-
-    #[test]
-    fn another_servers_database_is_read_as_it_is_never_migrated() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        drop(Store::open(&path).unwrap());
-        assert!(
-            Store::open_other(&path).is_ok(),
-            "this build's schema is read"
-        );
-
-        // One migration short (an older server's) or one more (a newer one's): refused as is.
-        let newest = runner().get_migrations().iter().map(|m| m.version()).max();
-        let newest = i64::from(newest.unwrap());
-        for (i, history) in [
-            format!("DELETE FROM refinery_schema_history WHERE version = {newest}"),
-            format!(
-                "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
-                 VALUES ({}, 'later', 'now', '0')",
-                newest + 1
-            ),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let path = dir.path().join(format!("other{i}"));
-            drop(Store::open(&path).unwrap());
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(history).unwrap();
-            let before = columns(&conn);
-            let refused = Store::open_other(&path).err().expect("refused");
-            assert!(
-                matches!(refused, StoreError::SchemaDiffers { .. }),
-                "{refused}"
-            );
-            assert_eq!(columns(&conn), before, "nothing was applied");
-        }
     }
 }

@@ -284,9 +284,9 @@ async fn collect_garbage(builder: &Builder, data: &DataDir) {
     };
     let mut others = Vec::new();
     for db in &databases[1..] {
-        match Store::open_other(db) {
+        match Store::open(db) {
             Ok(store) => others.push(store),
-            // A store that cannot be read (or is another build's) may use anything.
+            // A store that cannot be read may use anything.
             Err(e) => {
                 return tracing::warn!(db = %db.display(), error = %e,
                     "another data dir's database cannot be read: not collecting unused template files")
