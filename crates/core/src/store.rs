@@ -1,9 +1,10 @@
 //! State in one SQLite file under the data dir: sandboxes, templates, snapshots and API keys.
-//! The API keys ([`Keys`]), the snapshots' and the volumes' records ([`SnapshotRecords`],
-//! [`VolumeRecords`]) already run on [`db::Db`], which is SQLite here and PostgreSQL for many
-//! machines; the rest follows one table at a time.
+//! The API keys ([`Keys`]), the templates ([`Templates`]), the snapshots' and the volumes'
+//! records ([`SnapshotRecords`], [`VolumeRecords`]) already run on [`db::Db`], which is SQLite
+//! here and PostgreSQL for many machines; the sandboxes' records follow.
 //!
-//! Every write is a single statement, so a `kill -9` at any point leaves a consistent file.
+//! Every write is one statement or one transaction, so a `kill -9` at any point leaves a
+//! consistent file.
 
 use crate::driver::Resources;
 use crate::egress::Egress;
@@ -21,11 +22,17 @@ pub(crate) mod migrations;
 mod postgres_tests;
 mod snapshots;
 mod tags;
+mod templates;
+#[cfg(test)]
+mod templates_tests;
+mod user_templates;
 mod volumes;
-pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel, UserTemplate};
+pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
 pub use snapshots::{SnapshotRecord, SnapshotRecords};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
+pub use templates::{TemplateDefaults, TemplateRecord, Templates};
+pub use user_templates::UserTemplate;
 pub use volumes::{
     valid_volume_name, VolumeMount, VolumeQuota, VolumeRecord, VolumeRecords, VolumeUsage,
 };
@@ -160,55 +167,11 @@ pub struct SandboxRecord {
     pub require_traffic_token: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateRecord {
-    /// A built-in's name, or the id of a user template's build (see `store::tags`).
-    pub name: TemplateName,
-    pub content_hash: String,
-    pub rootfs: PathBuf,
-    pub built_at: i64,
-    pub size_bytes: u64,
-    /// For a rootfs that is a read-only overlay mount of layers (a user template's): the
-    /// directories it stacks, bottom first. Empty for a plain directory.
-    pub layers: Vec<PathBuf>,
-    pub defaults: TemplateDefaults,
-}
-
-/// What a template's sandboxes start with: its last `USER`, `WORKDIR` and `ENV`, and the
-/// command that runs when one boots (already running in its golden image).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TemplateDefaults {
-    pub user: String,
-    /// `None`: the user's home.
-    #[serde(default)]
-    pub workdir: Option<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Started in the background as the template boots (E2B's `startCmd`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_cmd: Option<String>,
-    /// Run until it exits 0 before the sandbox counts as started (E2B's `readyCmd`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_cmd: Option<String>,
-}
-
-impl Default for TemplateDefaults {
-    /// E2B's: `user`, in its home.
-    fn default() -> Self {
-        TemplateDefaults {
-            user: "user".into(),
-            workdir: None,
-            env: BTreeMap::new(),
-            start_cmd: None,
-            ready_cmd: None,
-        }
-    }
-}
-
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
     keys: Keys,
     snapshots: SnapshotRecords,
+    templates: Templates,
     volumes: VolumeRecords,
 }
 
@@ -235,6 +198,7 @@ impl Store {
         Ok(Store {
             keys: Keys::new(db.clone()),
             snapshots: SnapshotRecords::new(db.clone()),
+            templates: Templates::new(db.clone()),
             volumes: VolumeRecords::new(db),
             conn,
         })
@@ -248,6 +212,11 @@ impl Store {
     /// The snapshots' records, which gateways will read from PostgreSQL.
     pub fn snapshots(&self) -> &SnapshotRecords {
         &self.snapshots
+    }
+
+    /// The templates, their builds and tags, which gateways will read from PostgreSQL.
+    pub fn templates(&self) -> &Templates {
+        &self.templates
     }
 
     /// The volumes' records, which gateways will read from PostgreSQL.
@@ -415,67 +384,6 @@ impl Store {
     pub fn sandbox(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
         Ok(self.sandboxes()?.into_iter().find(|r| r.id == *id))
     }
-
-    // ------------------------------------------------------------ templates
-
-    pub fn put_template(&self, t: &TemplateRecord) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT OR REPLACE INTO templates
-               (name, content_hash, rootfs, built_at, size_bytes, layers, defaults)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                t.name.as_str(),
-                t.content_hash,
-                t.rootfs.to_string_lossy(),
-                t.built_at,
-                t.size_bytes as i64,
-                serde_json::to_string(&t.layers).unwrap_or_else(|_| "[]".into()),
-                serde_json::to_string(&t.defaults).ok(),
-            ],
-        )?;
-        Ok(())
-    }
-
-    pub fn template(&self, name: &TemplateName) -> Result<Option<TemplateRecord>, StoreError> {
-        Ok(self.templates()?.into_iter().find(|t| t.name == *name))
-    }
-
-    pub fn templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT name, content_hash, rootfs, built_at, size_bytes, layers, defaults
-             FROM templates ORDER BY name",
-        )?;
-        let rows = stmt.query_map([], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, i64>(3)?,
-                row.get::<_, i64>(4)?,
-                row.get::<_, String>(5)?,
-                row.get::<_, Option<String>>(6)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (name, hash, rootfs, built_at, size, layers, defaults) = row?;
-            let corrupt = |_| StoreError::Corrupt(name.clone());
-            out.push(TemplateRecord {
-                content_hash: hash,
-                rootfs: PathBuf::from(rootfs),
-                built_at,
-                size_bytes: size.max(0) as u64,
-                layers: serde_json::from_str(&layers).map_err(corrupt)?,
-                defaults: match defaults {
-                    Some(d) => serde_json::from_str(&d).map_err(corrupt)?,
-                    None => TemplateDefaults::default(),
-                },
-                name: TemplateName::parse(&name).map_err(|_| StoreError::Corrupt(name.clone()))?,
-            });
-        }
-        Ok(out)
-    }
 }
 
 #[cfg(test)]
@@ -605,84 +513,5 @@ mod tests {
             all[0].started_at_us, 1_000_000,
             "seconds became microseconds"
         );
-    }
-
-    #[test]
-    fn templates_round_trip() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
-        let t = TemplateRecord {
-            name: TemplateName::parse("base").unwrap(),
-            content_hash: "abc".into(),
-            rootfs: "/x/rootfs".into(),
-            built_at: 5,
-            size_bytes: 7,
-            layers: vec!["/x/rootfs".into(), "/layers/1".into()],
-            defaults: TemplateDefaults {
-                user: "root".into(),
-                workdir: Some("/app".into()),
-                env: [("A".to_owned(), "1".to_owned())].into(),
-                start_cmd: Some("python -m http.server".into()),
-                ready_cmd: None,
-            },
-        };
-        store.put_template(&t).unwrap();
-        assert_eq!(store.template(&t.name).unwrap(), Some(t));
-    }
-
-    #[test]
-    fn only_each_templates_newest_and_tagged_builds_are_kept() {
-        use super::{BuildRecord, BuildStatus, LogEntry, LogLevel};
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db")).unwrap();
-        let build = |template: &str, id: &str, at: i64| {
-            let template = TemplateName::parse(template).unwrap();
-            store
-                .insert_build(&BuildRecord {
-                    id: id.into(),
-                    template_id: template,
-                    status: BuildStatus::Ready,
-                    failure: None,
-                    created_at: at,
-                    finished_at: None,
-                    tags: Vec::new(),
-                })
-                .unwrap();
-            let entry = LogEntry {
-                at_ms: at,
-                level: LogLevel::Info,
-                step: None,
-                message: id.into(),
-            };
-            store.append_build_log(id, &entry).unwrap();
-        };
-        for at in 1..=4 {
-            build("a", &format!("a{at}"), at);
-        }
-        build("b", "b1", 1);
-        let a = TemplateName::parse("a").unwrap();
-        store.assign_tags(&a, "a2", &["v1".into()], 5).unwrap();
-        store.prune_builds(2).unwrap();
-        let ids = |t: &str| -> Vec<String> {
-            let t = TemplateName::parse(t).unwrap();
-            store
-                .builds_of(&t)
-                .unwrap()
-                .into_iter()
-                .map(|b| b.id)
-                .collect()
-        };
-        assert_eq!(ids("a"), ["a4", "a3", "a2"]);
-        assert_eq!(ids("b"), ["b1"]);
-        store
-            .set_build_status("b1", BuildStatus::Building, None, 6)
-            .unwrap();
-        assert_eq!(
-            store.build_counts().unwrap(),
-            [(BuildStatus::Building, 1), (BuildStatus::Ready, 3)],
-            "the kept builds, by status"
-        );
-        assert!(store.build_logs("a1", 0, 10).unwrap().is_empty());
-        assert_eq!(store.build_logs("a4", 0, 10).unwrap().len(), 1);
     }
 }

@@ -76,7 +76,9 @@ async fn main() -> anyhow::Result<()> {
 
     // `airlock serve` (or scripts/prepare.sh) builds it into the data dir.
     let record = store
-        .template(&TemplateName::parse(template::BASE)?)?
+        .templates()
+        .get(&TemplateName::parse(template::BASE)?)
+        .await?
         .context("no base template in this data dir: run scripts/prepare.sh DATA_DIR first")?;
     println!("template: {}", record.rootfs.display());
 

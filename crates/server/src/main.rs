@@ -556,8 +556,10 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Template(cmd) => match cmd.into_job() {
             cli::TemplateJob::Build(build) => cli::template_build(client(), build).await,
             cli::TemplateJob::List { json } => {
-                data_dir(&cli.data_dir, cli.templates_dir.as_deref())
-                    .and_then(|data| cli::template_ls(&data, json))
+                match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
+                    Ok(data) => cli::template_ls(&data, json).await,
+                    Err(e) => Err(e),
+                }
             }
             cli::TemplateJob::Cancel { template, build } => {
                 cli::template_cancel(client(), &template, &build)

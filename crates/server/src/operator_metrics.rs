@@ -8,7 +8,7 @@
 use crate::http::verbs::Verbs;
 use airlock_core::disk_usage::disk_space;
 use airlock_core::lifecycle::{HostLoad, Lifecycle, PoolLoad};
-use airlock_core::store::Store;
+use airlock_core::store::{BuildStatus, Store};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -39,19 +39,38 @@ pub fn router(sources: Sources) -> Router {
     let mut registry = Registry::default();
     sources.verbs.register(&mut registry);
     registry.register_collector(Box::new(LoadCollector(sources.lifecycle)));
-    registry.register_collector(Box::new(BuildsCollector(sources.store)));
+    let builds = BuildCounts::default();
+    registry.register_collector(Box::new(BuildsCollector(builds.clone())));
     registry.register_collector(Box::new(DiskCollector(sources.dirs)));
+    let scraped = Scraped {
+        registry,
+        store: sources.store,
+        builds,
+    };
     Router::new()
         .route("/metrics", get(scrape))
         .fallback(|| async {
             crate::http::error::ApiError::not_found("no such route; try /metrics")
         })
-        .with_state(Arc::new(registry))
+        .with_state(Arc::new(scraped))
 }
 
-async fn scrape(State(registry): State<Arc<Registry>>) -> Response {
+/// The metrics, and what a scrape reads before it writes them.
+struct Scraped {
+    registry: Registry,
+    store: Arc<Store>,
+    builds: BuildCounts,
+}
+
+async fn scrape(State(scraped): State<Arc<Scraped>>) -> Response {
+    // A query, which the collector (writing synchronously) cannot await: read it first.
+    let counts = scraped.store.templates().build_counts().await;
+    if let Err(e) = &counts {
+        tracing::warn!(error = %e, "counting template builds for /metrics failed");
+    }
+    *scraped.builds.0.lock().unwrap_or_else(|e| e.into_inner()) = counts.ok();
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &registry) {
+    match prometheus_client::encoding::text::encode(&mut body, &scraped.registry) {
         Ok(()) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "encoding the metrics failed");
@@ -69,17 +88,20 @@ impl Collector for LoadCollector {
     }
 }
 
-/// Template builds on record, by status (old finished ones are pruned).
-struct BuildsCollector(Arc<Store>);
+/// Template builds on record by status (old finished ones are pruned), as this scrape read
+/// them; `None` if it could not.
+#[derive(Clone, Default)]
+struct BuildCounts(Arc<std::sync::Mutex<Option<ByStatus>>>);
+
+type ByStatus = Vec<(BuildStatus, u64)>;
+
+struct BuildsCollector(BuildCounts);
 
 impl Collector for BuildsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let counts = match self.0.build_counts() {
-            Ok(counts) => counts,
-            Err(e) => {
-                tracing::warn!(error = %e, "counting template builds for /metrics failed");
-                return Ok(());
-            }
+        let counts = self.0 .0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(counts) = counts else {
+            return Ok(());
         };
         let samples: Vec<_> = counts
             .iter()

@@ -39,7 +39,7 @@ impl Builder {
     /// only while nothing else builds or creates sandboxes (see the module's comment).
     pub async fn collect_garbage(&self, others: &[Store]) -> Result<Collected, BuildError> {
         let mut done = Collected::default();
-        self.store.prune_builds(BUILDS_KEPT)?;
+        self.store.templates().prune_builds(BUILDS_KEPT).await?;
         let stores: Vec<&Store> = std::iter::once(self.store.as_ref()).chain(others).collect();
         let InUse {
             rootfs: in_use,
@@ -50,7 +50,9 @@ impl Builder {
         for store in &stores {
             template_ids.extend(
                 store
-                    .user_templates()?
+                    .templates()
+                    .user_templates()
+                    .await?
                     .into_iter()
                     .map(|t| t.id.to_string()),
             );
@@ -77,7 +79,7 @@ impl Builder {
                     .is_some_and(|n| n.to_string_lossy().starts_with('.'));
                 if !hidden && !layers.contains(&layer) {
                     remove(&layer, &mut done).await?;
-                    self.store.forget_layer(&layer)?;
+                    self.store.templates().forget_layer(&layer).await?;
                     done.layers += 1;
                 }
             }
@@ -154,7 +156,7 @@ impl Builder {
     pub(super) async fn in_use(&self, stores: &[&Store]) -> Result<InUse, BuildError> {
         let (mut templates, mut rootfs) = (Vec::new(), HashSet::new());
         for store in stores {
-            templates.extend(store.templates()?);
+            templates.extend(store.templates().all().await?);
             rootfs.extend(store.sandboxes()?.into_iter().map(|s| s.rootfs));
             rootfs.extend(store.snapshots().all().await?.into_iter().map(|s| s.rootfs));
         }

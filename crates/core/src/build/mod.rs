@@ -220,19 +220,22 @@ impl Builder {
     /// After a restart: builds that were under way failed, their half-made layers go, and
     /// every built user template's rootfs is mounted again (a reboot drops the mounts).
     pub async fn recover(&self) -> Result<(), BuildError> {
-        for build in self.store.unfinished_builds()? {
-            self.store.set_build_status(
-                &build,
-                BuildStatus::Error,
-                Some((
-                    "the server restarted during the build; build it again",
-                    None,
-                )),
-                now(),
-            )?;
+        for build in self.store.templates().unfinished_builds().await? {
+            self.store
+                .templates()
+                .set_build_status(
+                    &build,
+                    BuildStatus::Error,
+                    Some((
+                        "the server restarted during the build; build it again",
+                        None,
+                    )),
+                    now(),
+                )
+                .await?;
         }
         self.layers.sweep_work().await?;
-        for template in self.store.templates()? {
+        for template in self.store.templates().all().await? {
             if template.layers.len() >= 2 {
                 self.layers
                     .mount_rootfs(&template.layers, &template.rootfs)
@@ -343,20 +346,19 @@ impl Builder {
                 tracing::warn!(build = %id, error = %e, "freeing a key's unused layers failed");
             }
         }
-        let outcome = match &result {
-            Ok(()) => self
-                .store
-                .set_build_status(id, BuildStatus::Ready, None, now()),
-            Err(failure) => {
-                log.write(LogLevel::Error, failure.step.clone(), &failure.message);
-                self.store.set_build_status(
-                    id,
-                    BuildStatus::Error,
-                    Some((&failure.message, failure.step.as_deref())),
-                    now(),
-                )
-            }
+        if let Err(failure) = &result {
+            log.write(LogLevel::Error, failure.step.clone(), &failure.message);
+        }
+        log.flushed().await;
+        let (status, failure) = match &result {
+            Ok(()) => (BuildStatus::Ready, None),
+            Err(failure) => (
+                BuildStatus::Error,
+                Some((failure.message.as_str(), failure.step.as_deref())),
+            ),
         };
+        let templates = self.store.templates();
+        let outcome = templates.set_build_status(id, status, failure, now()).await;
         if let Err(e) = outcome {
             tracing::error!(build = %id, error = %e, "recording the build's end failed");
         }
@@ -378,9 +380,12 @@ pub struct Failure {
 }
 
 /// A build's log in the store, capped at [`MAX_LOG_ENTRIES`] lines and [`MAX_LOG_BYTES`].
+/// Steps write to it from anywhere, without waiting: one task appends the lines in order, and
+/// [`BuildLog::flushed`] waits for it before the build's end is recorded.
 pub(crate) struct BuildLog {
-    store: Arc<Store>,
     build: String,
+    lines: tokio::sync::mpsc::UnboundedSender<LogEntry>,
+    appender: tokio::task::JoinHandle<()>,
     written: std::sync::atomic::AtomicU64,
     bytes: std::sync::atomic::AtomicU64,
     /// The log is full, and says so.
@@ -391,13 +396,32 @@ pub(crate) struct BuildLog {
 
 impl BuildLog {
     fn new(store: Arc<Store>, build: String) -> Self {
+        let (lines, mut written) = tokio::sync::mpsc::unbounded_channel::<LogEntry>();
+        let appending = build.clone();
+        let appender = tokio::spawn(async move {
+            while let Some(entry) = written.recv().await {
+                let append = store.templates().append_build_log(&appending, &entry);
+                if let Err(e) = append.await {
+                    tracing::warn!(build = %appending, error = %e, "writing the build log failed");
+                }
+            }
+        });
         BuildLog {
-            store,
             build,
+            lines,
+            appender,
             written: 0.into(),
             bytes: 0.into(),
             full: false.into(),
             echo: None,
+        }
+    }
+
+    /// Waits until every line written is in the store.
+    async fn flushed(self) {
+        drop(self.lines);
+        if let Err(e) = self.appender.await {
+            tracing::warn!(build = %self.build, error = %e, "the build log's writer failed");
         }
     }
 
@@ -429,9 +453,8 @@ impl BuildLog {
             step,
             message,
         };
-        if let Err(e) = self.store.append_build_log(&self.build, &entry) {
-            tracing::warn!(build = %self.build, error = %e, "writing the build log failed");
-        }
+        // It fails only if the appender is gone, which said why as it went.
+        let _ = self.lines.send(entry);
     }
 
     /// Whether this is the first line past a cap: that one says the log is full.

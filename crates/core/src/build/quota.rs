@@ -17,26 +17,28 @@ use std::path::{Path, PathBuf};
 
 impl Builder {
     /// The disk `key`'s templates take: its builds' layers still on disk, and its uploads.
-    pub fn storage_of(&self, key: &str) -> Result<u64, BuildError> {
+    pub async fn storage_of(&self, key: &str) -> Result<u64, BuildError> {
         let layers: u64 = self
             .store
-            .layers_of(key)?
+            .templates()
+            .layers_of(key)
+            .await?
             .into_iter()
             .filter(|(layer, _)| layer.is_dir())
             .map(|(_, bytes)| bytes)
             .sum();
-        Ok(layers + self.uploads.bytes_of(&self.templates_of(key)?))
+        Ok(layers + self.uploads.bytes_of(&self.templates_of(key).await?))
     }
 
-    fn templates_of(&self, key: &str) -> Result<Vec<TemplateName>, BuildError> {
-        let all = self.store.user_templates()?.into_iter();
-        Ok(all.filter(|t| t.owner == key).map(|t| t.id).collect())
+    async fn templates_of(&self, key: &str) -> Result<Vec<TemplateName>, BuildError> {
+        let own = self.store.templates().user_templates_of(key).await?;
+        Ok(own.into_iter().map(|t| t.id).collect())
     }
 
     /// Lets go of `key`'s unused layers, oldest first, until its templates take no more than
     /// `target` bytes or none is left to let go; returns what they take then.
     pub async fn make_room(&self, key: &str, target: u64) -> Result<u64, BuildError> {
-        let mut used = self.storage_of(key)?;
+        let mut used = self.storage_of(key).await?;
         if used <= target {
             return Ok(used);
         }
@@ -50,7 +52,9 @@ impl Builder {
         }
         let mut unused: Vec<(PathBuf, u64)> = self
             .store
-            .layers_of(key)?
+            .templates()
+            .layers_of(key)
+            .await?
             .into_iter()
             .filter(|(layer, _)| layer.is_dir() && !in_use.contains(layer))
             .collect();
@@ -80,7 +84,7 @@ impl Builder {
         }
         for (layer, aside) in gone {
             self.layers.remove_aside(&aside).await?;
-            self.store.forget_layer(&layer)?;
+            self.store.templates().forget_layer(&layer).await?;
         }
         Ok(used)
     }

@@ -64,7 +64,9 @@ impl Builder {
     ) -> Result<(), Failure> {
         let started = Instant::now();
         self.store
+            .templates()
             .set_build_status(&job.build_id, BuildStatus::Building, None, super::now())
+            .await
             .map_err(|e| failed_at("base")(e.into()))?;
         let mut progress = match &job.definition.base {
             BuildBase::Template(base) => {
@@ -273,7 +275,9 @@ impl Builder {
         let bytes = crate::disk_usage::bytes_on_disk(layer).unwrap_or(0);
         let fail = failed_at(label);
         self.store
+            .templates()
             .record_layer(layer, owner, bytes)
+            .await
             .map_err(|e| fail(e.into()))?;
         let limit = self.limits.storage_bytes_per_key;
         let used = self.make_room(owner, limit).await.map_err(&fail)?;

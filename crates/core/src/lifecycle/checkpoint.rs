@@ -231,7 +231,9 @@ impl Lifecycle {
         let record = sandbox.record();
         let defaults = self
             .store
-            .template(&record.template)?
+            .templates()
+            .get(&record.template)
+            .await?
             .map(|t| t.defaults)
             .unwrap_or_default();
         self.run_start_command(addr, sandbox.access_token(), &defaults)
@@ -272,12 +274,14 @@ impl Lifecycle {
         let owners_template = match sandbox.owner() {
             Some(owner) => self
                 .store
-                .user_template_by_alias(owner, snapshot_id.as_str())?
+                .templates()
+                .user_template_by_alias(owner, snapshot_id.as_str())
+                .await?
                 .is_some(),
             None => false,
         };
         if crate::template::KNOWN_TEMPLATES.contains(&snapshot_id.as_str())
-            || self.store.template(&snapshot_id)?.is_some()
+            || self.store.templates().get(&snapshot_id).await?.is_some()
             || owners_template
         {
             return Err(LifecycleError::BadSnapshotName(format!(

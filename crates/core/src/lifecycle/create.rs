@@ -79,7 +79,12 @@ impl Lifecycle {
         };
         let source = match snapshot {
             Some(snapshot) => Source::Snapshot(snapshot),
-            None => match self.store.visible_template(owner, &params.template)? {
+            None => match self
+                .store
+                .templates()
+                .visible_template(owner, &params.template)
+                .await?
+            {
                 Some((template, _)) => Source::Template(template),
                 None => return Err(LifecycleError::TemplateNotFound(params.template.clone())),
             },
@@ -117,7 +122,7 @@ impl Lifecycle {
         let id = pooled
             .as_ref()
             .map_or_else(SandboxId::generate, |p| p.id.clone());
-        let defaults = self.defaults_of(&source)?;
+        let defaults = self.defaults_of(&source).await?;
         let name = match &source {
             Source::Template(t) => t.name.clone(),
             Source::Snapshot(s) => s.id.clone(),
@@ -133,8 +138,8 @@ impl Lifecycle {
             .sandboxes
             .admit(sandbox.clone(), self.limits.max_sandboxes, &quota)
         {
-            if let Some(pooled) = pooled {
-                self.return_pooled(pooled);
+            if let (Some(pooled), Source::Template(t)) = (pooled, &source) {
+                self.return_pooled(&t.name, pooled);
             }
             return Err(e);
         }
@@ -165,12 +170,14 @@ impl Lifecycle {
     }
 
     /// What a sandbox of `source` starts with: its template's user, workdir and env vars.
-    fn defaults_of(&self, source: &Source) -> Result<TemplateDefaults, LifecycleError> {
+    async fn defaults_of(&self, source: &Source) -> Result<TemplateDefaults, LifecycleError> {
         Ok(match source {
             Source::Template(t) => t.defaults.clone(),
             Source::Snapshot(s) => self
                 .store
-                .template(&s.template)?
+                .templates()
+                .get(&s.template)
+                .await?
                 .map(|t| t.defaults)
                 .unwrap_or_default(),
         })

@@ -182,24 +182,13 @@ impl Lifecycle {
         Some(pooled)
     }
 
-    /// Puts back a pooled sandbox a create could not use (it was refused admission).
-    pub(super) fn return_pooled(&self, pooled: Started) {
-        let Some(name) = self
-            .store
-            .templates()
-            .unwrap_or_default()
-            .into_iter()
-            .find(|t| pooled.image.as_deref() == Some(self.golden_image(t).as_str()))
-            .map(|t| t.name)
-        else {
-            self.destroying
-                .spawn(self.release(pooled.id, pooled.placement.slot));
-            return;
-        };
+    /// Puts back a pooled sandbox a create took from the template's pool and could not use
+    /// (it was refused admission).
+    pub(super) fn return_pooled(&self, template: &TemplateName, pooled: Started) {
         // It settles again (it did nothing meanwhile) before it is frozen.
         self.pools
             .lock()
-            .entry(name)
+            .entry(template.clone())
             .or_default()
             .ready
             .push(Pooled::new(pooled));
@@ -248,7 +237,12 @@ impl Lifecycle {
         }
         let mut announced = HashSet::new();
         loop {
-            let templates = self.store.named_templates().unwrap_or_default();
+            let templates = self
+                .store
+                .templates()
+                .named_templates()
+                .await
+                .unwrap_or_default();
             let pass_started = Instant::now();
             for template in &templates {
                 if stop.is_cancelled() {
@@ -341,7 +335,7 @@ impl Lifecycle {
     /// and each can be hundreds of MiB.
     /// The caller holds the golden turn.
     async fn delete_stale_goldens(&self) {
-        let Ok(templates) = self.store.named_templates() else {
+        let Ok(templates) = self.store.templates().named_templates().await else {
             return;
         };
         let current: HashSet<String> = templates.iter().map(|t| self.golden_image(t)).collect();
@@ -366,7 +360,7 @@ impl Lifecycle {
         if !golden.as_ref().is_some_and(|g| self.driver.has_image(g)) {
             self.make_golden(template, golden.as_deref()).await?;
         }
-        self.store.put_template(template)?;
+        self.store.templates().put(template).await?;
         self.delete_stale_goldens().await;
         // Just built: it is about to be used.
         self.pools

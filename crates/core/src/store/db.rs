@@ -41,9 +41,31 @@ impl From<i64> for Value<'_> {
     }
 }
 
+/// Flags are 0 or 1 on both databases.
+impl From<bool> for Value<'_> {
+    fn from(flag: bool) -> Self {
+        Value::Int(flag.into())
+    }
+}
+
 impl<'a, T: Into<Value<'a>>> From<Option<T>> for Value<'a> {
     fn from(v: Option<T>) -> Self {
         v.map_or(Value::Null, Into::into)
+    }
+}
+
+/// One statement of a [`Db::transaction`], with its parameters.
+pub struct Statement<'a> {
+    pub sql: &'a str,
+    pub params: Vec<Value<'a>>,
+}
+
+impl<'a> Statement<'a> {
+    pub fn new(sql: &'a str, params: impl IntoIterator<Item = Value<'a>>) -> Self {
+        Statement {
+            sql,
+            params: params.into_iter().collect(),
+        }
     }
 }
 
@@ -155,6 +177,52 @@ impl Db {
                 outcome => return Ok(outcome?),
             }
         }
+    }
+
+    /// Runs the statements in one transaction, in order, and commits only if `keep` holds for
+    /// how many rows each changed (else nothing of it stays). Returns those counts if it
+    /// committed. For writes that must all happen or none (a template with its builds, tags
+    /// that are all there to remove).
+    pub async fn transaction(
+        &self,
+        statements: &[Statement<'_>],
+        keep: impl Fn(&[u64]) -> bool,
+    ) -> Result<Option<Vec<u64>>, StoreError> {
+        match self {
+            Db::Sqlite(conn) => {
+                let mut conn = lock(conn);
+                let tx = conn.transaction()?;
+                let mut changed = Vec::with_capacity(statements.len());
+                for s in statements {
+                    let params = rusqlite::params_from_iter(s.params.iter());
+                    changed.push(tx.execute(&sqlite_sql(s.sql), params)? as u64);
+                }
+                if !keep(&changed) {
+                    return Ok(None); // dropped: rolled back
+                }
+                tx.commit()?;
+                Ok(Some(changed))
+            }
+            Db::Postgres(pool) => {
+                let mut client = pool.get().await.map_err(pool_error)?;
+                let tx = client.transaction().await?;
+                let mut changed = Vec::with_capacity(statements.len());
+                for s in statements {
+                    changed.push(tx.execute(s.sql, &postgres_params(&s.params)).await?);
+                }
+                if !keep(&changed) {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                tx.commit().await?;
+                Ok(Some(changed))
+            }
+        }
+    }
+
+    /// Runs the statements in one transaction: all of them, or none if one fails.
+    pub async fn batch(&self, statements: &[Statement<'_>]) -> Result<(), StoreError> {
+        self.transaction(statements, |_| true).await.map(drop)
     }
 
     /// The first row of a query, if any.

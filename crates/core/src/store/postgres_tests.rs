@@ -121,6 +121,15 @@ async fn postgres_keeps_snapshots_as_sqlite_does() {
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_templates_as_sqlite_does() {
+    in_a_new_schema(|db| async move {
+        super::templates_tests::behaves(&super::Templates::new(db)).await
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn an_unreachable_postgresql_is_unavailable_not_corrupt() {
     // Nothing listens on port 1 of loopback.
     let config = tokio_postgres::Config::from_str("host=127.0.0.1 port=1 user=x dbname=x").unwrap();

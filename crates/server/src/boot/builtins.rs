@@ -88,7 +88,7 @@ async fn build(
         .ok_or_else(|| anyhow!("no Dockerfile"))?;
     let plan = dockerfile::plan(dockerfile, &Default::default())
         .map_err(|e| anyhow!("its Dockerfile: {e}"))?;
-    let base = base_of(&plan, store)?;
+    let base = base_of(&plan, store).await?;
     // The archives are the same bytes for the same files, so their COPY layers stay cached.
     let (wire, packed) = wire_steps(&plan, context.path(), false, tar::HeaderMode::Deterministic)
         .map_err(|e| anyhow!("{e}"))?;
@@ -110,7 +110,7 @@ async fn build(
         finished_at: None,
         tags: Vec::new(),
     };
-    store.insert_build(&build)?;
+    store.templates().insert_build(&build).await?;
     let job = BuildJob {
         build_id: build.id,
         owner: None,
@@ -133,7 +133,7 @@ async fn build(
 }
 
 /// What a built-in's `FROM` names: `debian:SUITE`, or a built-in built before it.
-fn base_of(plan: &Plan, store: &Store) -> anyhow::Result<BuildBase> {
+async fn base_of(plan: &Plan, store: &Store) -> anyhow::Result<BuildBase> {
     let from = plan.from_image.as_str();
     if let Some(suite) = from.strip_prefix("debian:") {
         return Ok(BuildBase::Debian {
@@ -144,7 +144,9 @@ fn base_of(plan: &Plan, store: &Store) -> anyhow::Result<BuildBase> {
         bail!("FROM {from}: a built-in starts from debian:SUITE or another built-in");
     }
     let record = store
-        .template(&TemplateName::parse(from)?)?
+        .templates()
+        .get(&TemplateName::parse(from)?)
+        .await?
         .ok_or_else(|| anyhow!("FROM {from}: that built-in is not built yet"))?;
     Ok(BuildBase::Template(record))
 }

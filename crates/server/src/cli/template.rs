@@ -295,14 +295,24 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
 
 /// `airlock template ls`: the built templates in the data dir's database that a name reaches:
 /// the built-ins, and each tagged build of a user template as `name:tag` (every key's).
-pub fn template_ls(data: &DataDir, json: bool) -> Result<ExitCode, CliError> {
+pub async fn template_ls(data: &DataDir, json: bool) -> Result<ExitCode, CliError> {
     let store = open_store(data)?;
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
     let mut rows: Vec<[String; 4]> = Vec::new();
-    for t in store.named_templates().map_err(failed)? {
-        let names = match store.template_of_record(&t.name).map_err(failed)? {
+    for t in store.templates().named_templates().await.map_err(failed)? {
+        let names = match store
+            .templates()
+            .template_of_record(&t.name)
+            .await
+            .map_err(failed)?
+        {
             Some(owner) => {
-                let tags = store.tags_of(&owner.id).map_err(failed)?.into_iter();
+                let tags = store
+                    .templates()
+                    .tags_of(&owner.id)
+                    .await
+                    .map_err(failed)?
+                    .into_iter();
                 let tags = tags.filter(|tag| tag.build_id == t.name.as_str());
                 let names: Vec<String> = tags
                     .map(|tag| format!("{}:{}", owner.alias, tag.tag))

@@ -12,7 +12,7 @@
 
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
-use crate::http::sandboxes::detail_body;
+use crate::http::sandboxes::{detail_body, TemplateNames};
 use crate::AppState;
 use airlock_core::ids::TemplateName;
 use axum::extract::{Path, State};
@@ -155,16 +155,16 @@ async fn overview(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Overview>, ApiError> {
     let load = state.lifecycle.host_load();
-    let sandboxes: Vec<SandboxRow> = state
-        .lifecycle
-        .list_records()
+    let mut records = state.lifecycle.list_records();
+    records.retain(|r| caller.sees(&r.owner));
+    let names = TemplateNames::of(&state.store, &records).await;
+    let sandboxes: Vec<SandboxRow> = records
         .iter()
         .rev()
-        .filter(|r| caller.sees(&r.owner))
         .map(|r| {
             let sample = state.lifecycle.latest_metrics(&r.id);
             SandboxRow {
-                detail: detail_body(&state, r, false),
+                detail: detail_body(&state, r, false, &names),
                 cpu_used_pct: sample.as_ref().map(|s| s.cpu_used_pct),
                 mem_used_bytes: sample.map(|s| s.mem_used),
             }
@@ -188,21 +188,18 @@ async fn overview(
         key: caller.0.clone(),
         host,
         sandboxes,
-        templates: templates(&state, &caller)?,
+        templates: templates(&state, &caller).await?,
     }))
 }
 
 /// The built-ins, then the key's own templates (newest first), each with its builds.
-fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>, ApiError> {
+async fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>, ApiError> {
     let mut rows = Vec::new();
     for name in airlock_core::template::KNOWN_TEMPLATES {
-        let built = TemplateName::parse(name)
-            .ok()
-            .map(|n| state.store.template(&n))
-            .transpose()?
-            .flatten();
+        let name = TemplateName::parse(name).expect("built-in names are valid");
+        let built = state.store.templates().get(&name).await?;
         rows.push(TemplateRow {
-            name: (*name).to_owned(),
+            name: name.to_string(),
             id: None,
             builds: built
                 .map(|t| BuildRow {
@@ -216,15 +213,10 @@ fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>, ApiE
                 .collect(),
         });
     }
-    let mut own: Vec<_> = state
-        .store
-        .user_templates()?
-        .into_iter()
-        .filter(|t| t.owner == caller.0)
-        .collect();
-    own.sort_by_key(|t| std::cmp::Reverse(t.created_at));
+    let mut own = state.store.templates().user_templates_of(&caller.0).await?;
+    own.reverse();
     for t in own {
-        let builds = state.store.builds_of(&t.id)?;
+        let builds = state.store.templates().builds_of(&t.id).await?;
         rows.push(TemplateRow {
             name: t.alias.to_string(),
             id: Some(t.id.to_string()),
@@ -293,8 +285,12 @@ async fn build_logs(
     Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
 ) -> Result<Json<Vec<LogLine>>, ApiError> {
-    let (_, record) = crate::http::templates::owned_build(&state, &caller, &id, &build)?;
-    let lines = state.store.build_logs(&record.id, 0, LOG_LINES)?;
+    let (_, record) = crate::http::templates::owned_build(&state, &caller, &id, &build).await?;
+    let lines = state
+        .store
+        .templates()
+        .build_logs(&record.id, 0, LOG_LINES)
+        .await?;
     Ok(Json(
         lines
             .into_iter()

@@ -6,6 +6,7 @@ use crate::http::error::{ApiError, JsonBody};
 use crate::http::validate::{check_map, parse_metadata_filter};
 use crate::AppState;
 use airlock_core::egress::Egress;
+use airlock_core::ids::TemplateName;
 use airlock_core::lifecycle::CreateParams;
 use airlock_core::store::{PauseMode, SandboxRecord, SandboxState as StoredState, Store};
 use airlock_core::volumes::MountRequest;
@@ -96,7 +97,7 @@ async fn start_sandbox(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox_body(state, &sandbox.record())),
+        Json(sandbox_body(state, &sandbox.record()).await),
     )
         .into_response())
 }
@@ -119,17 +120,44 @@ pub(crate) async fn create_v1(
     create(&state, caller, body, secure).await
 }
 
-/// A sandbox's template as answers name it: the id and name of the user template whose build
-/// it runs, or a built-in's or snapshot's own name.
-fn template_names(store: &Store, r: &SandboxRecord) -> (String, String) {
-    match store.template_of_record(&r.template) {
-        Ok(Some(t)) => (t.id.to_string(), t.alias.to_string()),
-        _ => (r.template.to_string(), r.template.to_string()),
+/// Sandboxes' templates as answers name them: the id and name of the user template whose
+/// build one runs, or a built-in's or snapshot's own name. Looked up once per template, however
+/// many sandboxes an answer has.
+#[derive(Default)]
+pub(crate) struct TemplateNames(HashMap<TemplateName, (String, String)>);
+
+impl TemplateNames {
+    pub(crate) async fn of(
+        store: &Store,
+        records: &[impl std::borrow::Borrow<SandboxRecord>],
+    ) -> TemplateNames {
+        let mut names = TemplateNames::default();
+        for r in records.iter().map(|r| r.borrow()) {
+            if names.0.contains_key(&r.template) {
+                continue;
+            }
+            let owner = store.templates().template_of_record(&r.template).await;
+            if let Ok(Some(t)) = owner {
+                let named = (t.id.to_string(), t.alias.to_string());
+                names.0.insert(r.template.clone(), named);
+            }
+        }
+        names
+    }
+
+    /// The template's id and name.
+    fn get(&self, r: &SandboxRecord) -> (String, String) {
+        match self.0.get(&r.template) {
+            Some(named) => named.clone(),
+            None => (r.template.to_string(), r.template.to_string()),
+        }
     }
 }
 
-pub(crate) fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
-    let (template_id, alias) = template_names(&state.store, r);
+pub(crate) async fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox {
+    let (template_id, alias) = TemplateNames::of(&state.store, std::slice::from_ref(r))
+        .await
+        .get(r);
     Sandbox {
         template_id,
         sandbox_id: r.id.to_string(),
@@ -146,8 +174,13 @@ fn rfc3339(at: Option<chrono::DateTime<chrono::Utc>>, precision: chrono::Seconds
     at.unwrap_or_default().to_rfc3339_opts(precision, true)
 }
 
-pub(crate) fn detail_body(state: &AppState, r: &SandboxRecord, with_token: bool) -> SandboxDetail {
-    let (template_id, alias) = template_names(&state.store, r);
+pub(crate) fn detail_body(
+    state: &AppState,
+    r: &SandboxRecord,
+    with_token: bool,
+    names: &TemplateNames,
+) -> SandboxDetail {
+    let (template_id, alias) = names.get(r);
     SandboxDetail {
         template_id,
         sandbox_id: r.id.to_string(),
@@ -215,7 +248,8 @@ pub(crate) async fn detail(
     State(state): State<AppState>,
     Owned { record, .. }: Owned,
 ) -> Json<SandboxDetail> {
-    Json(detail_body(&state, &record, true))
+    let names = TemplateNames::of(&state.store, std::slice::from_ref(&record)).await;
+    Json(detail_body(&state, &record, true, &names))
 }
 
 pub(crate) async fn kill(
@@ -302,19 +336,20 @@ pub(crate) async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(sandbox_body(&state, &sandbox.record()))).into_response())
+    let body = sandbox_body(&state, &sandbox.record()).await;
+    Ok((status, Json(body)).into_response())
 }
 
 /// The caller's sandboxes that the list query's filters let through, oldest (the first
 /// created) first:
 /// `metadata`, `state` (`by_default` without one), `template` (id or name, a tag aside) and
 /// `startedAfter` / `startedBefore` (RFC 3339, both inclusive).
-fn matching<'a>(
+async fn matching<'a>(
     state: &AppState,
     caller: &Caller,
     query: &'a HashMap<String, String>,
     by_default: &[&'a str],
-) -> Result<Vec<Arc<SandboxRecord>>, ApiError> {
+) -> Result<(Vec<Arc<SandboxRecord>>, TemplateNames), ApiError> {
     let filter = match query.get("metadata") {
         Some(raw) => parse_metadata_filter(raw)?,
         None => BTreeMap::new(),
@@ -344,7 +379,7 @@ fn matching<'a>(
     let template = query
         .get("template")
         .map(|t| airlock_core::store::split_reference(t).0);
-    Ok(state
+    let mut records: Vec<_> = state
         .lifecycle
         .list_records()
         .into_iter()
@@ -353,13 +388,15 @@ fn matching<'a>(
         .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .filter(|r| after.is_none_or(|t| r.started_at_us >= t))
         .filter(|r| before.is_none_or(|t| r.started_at_us <= t))
-        .filter(|r| {
-            template.is_none_or(|t| {
-                let (id, name) = template_names(&state.store, r);
-                t == id || t == name
-            })
-        })
-        .collect())
+        .collect();
+    let names = TemplateNames::of(&state.store, &records).await;
+    if let Some(t) = template {
+        records.retain(|r| {
+            let (id, name) = names.get(r);
+            t == id || t == name
+        });
+    }
+    Ok((records, names))
 }
 
 pub(crate) async fn list_v1(
@@ -368,9 +405,11 @@ pub(crate) async fn list_v1(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
     // E2B's first list shows running sandboxes only.
-    let all = matching(&state, &caller, &query, &["running"])?;
+    let (all, names) = matching(&state, &caller, &query, &["running"]).await?;
     Ok(Json(
-        all.iter().map(|r| detail_body(&state, r, false)).collect(),
+        all.iter()
+            .map(|r| detail_body(&state, r, false, &names))
+            .collect(),
     ))
 }
 
@@ -382,7 +421,7 @@ pub(crate) async fn list_v2(
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let mut all = matching(&state, &caller, &query, &["running", "paused"])?;
+    let (mut all, names) = matching(&state, &caller, &query, &["running", "paused"]).await?;
     let newest_first = match query.get("order").map(String::as_str) {
         None | Some("desc") => true,
         Some("asc") => false,
@@ -423,7 +462,10 @@ pub(crate) async fn list_v2(
         None => 0,
     };
     let page: Vec<&Arc<SandboxRecord>> = all.iter().skip(start).take(limit).collect();
-    let body: Vec<SandboxDetail> = page.iter().map(|r| detail_body(&state, r, false)).collect();
+    let body: Vec<SandboxDetail> = page
+        .iter()
+        .map(|r| detail_body(&state, r, false, &names))
+        .collect();
     let mut resp = Json(body).into_response();
     if let (Some(last), true) = (page.last(), all.len() > start + limit) {
         if let Ok(v) = HeaderValue::from_str(&place(last)) {

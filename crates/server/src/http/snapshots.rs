@@ -46,7 +46,7 @@ pub(crate) async fn resume(
     let sandbox = state.verbs.timed("resume", resumed).await?;
     Ok((
         StatusCode::CREATED,
-        Json(sandbox_body(&state, &sandbox.record())),
+        Json(sandbox_body(&state, &sandbox.record()).await),
     )
         .into_response())
 }
@@ -104,10 +104,10 @@ pub(crate) async fn fork(
         .lifecycle
         .fork(&id, count, body.timeout.map(Duration::from_secs))
         .await?;
-    let entries: Vec<ForkResult> = forks
-        .into_iter()
-        .map(|f| match f {
-            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&state, &sandbox.record())),
+    let mut entries = Vec::with_capacity(forks.len());
+    for fork in forks {
+        entries.push(match fork {
+            Ok(sandbox) => ForkResult::Sandbox(sandbox_body(&state, &sandbox.record()).await),
             Err(e) => {
                 let e = ApiError::from(e);
                 ForkResult::Error(ErrorBody {
@@ -115,7 +115,7 @@ pub(crate) async fn fork(
                     message: e.message,
                 })
             }
-        })
-        .collect();
+        });
+    }
     Ok((StatusCode::CREATED, Json(entries)).into_response())
 }

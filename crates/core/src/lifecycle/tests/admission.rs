@@ -25,7 +25,7 @@ async fn concurrent_creates_never_exceed_the_capacity() {
         pool_size: 0,
         ..Limits::default()
     };
-    let (_dir, _store, lc) = setup(driver.clone(), limits);
+    let (_dir, _store, lc) = setup(driver.clone(), limits).await;
     // Collected: all forty are under way before any is awaited.
     let creates: Vec<_> = (0..40)
         .map(|_| {
@@ -60,7 +60,7 @@ pub(super) async fn futures_join<T: Send + 'static>(
 #[tokio::test]
 async fn each_key_is_held_to_its_own_limits() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let limited = key_with(
         &store,
         crate::store::KeyLimits {
@@ -130,7 +130,7 @@ async fn an_automatic_pause_without_disk_space_keeps_the_sandbox_running() {
         fail_checkpoint: true,
         ..Default::default()
     });
-    let (_dir, store, lc) = setup(driver, Limits::default());
+    let (_dir, store, lc) = setup(driver, Limits::default()).await;
     let sbx = lc
         .create(CreateParams {
             timeout: Some(Duration::ZERO),
@@ -154,7 +154,7 @@ async fn traffic_waits_for_a_snapshot_and_a_kill_waits_for_a_pause() {
         delay: Duration::from_millis(100),
         ..Default::default()
     });
-    let (_dir, _store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, _store, lc) = setup(driver.clone(), Limits::default()).await;
     let sbx = lc.create(params()).await.unwrap();
     let id = sbx.id().to_string();
     let snapshot = {
@@ -220,7 +220,7 @@ async fn pools_fill_only_the_room_left_and_give_way_to_creates() {
         pool_min_available_mb: 0,
         ..Limits::default()
     };
-    let (_dir, _store, lc) = setup(driver.clone(), limits);
+    let (_dir, _store, lc) = setup(driver.clone(), limits).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let pools = tokio::spawn(lc.clone().run_pools(stop.clone()));
     let ready = || lc.pool_loads().iter().map(|p| p.ready).sum::<usize>();

@@ -20,7 +20,7 @@ fn freezing() -> Limits {
 #[tokio::test]
 async fn a_quiet_sandbox_is_frozen_and_traffic_thaws_it_first() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, _store, lc) = setup(driver.clone(), freezing());
+    let (_dir, _store, lc) = setup(driver.clone(), freezing()).await;
     let sbx = lc.create(params()).await.unwrap();
     lc.freeze_if_idle(&sbx, QUIET).await;
     assert!(
@@ -58,7 +58,7 @@ async fn a_sandbox_in_which_something_runs_stays_awake() {
     let driver = Arc::new(RecordingDriver::default());
     let agent = TestAgent::ready();
     *agent.busy.lock().unwrap() = Some("12 sleep".into());
-    let (_dir, _store, lc) = setup_with_agent(driver.clone(), freezing(), agent.clone());
+    let (_dir, _store, lc) = setup_with_agent(driver.clone(), freezing(), agent.clone()).await;
     let sbx = lc.create(params()).await.unwrap();
     quiet_then_freezer(&lc, &sbx).await;
     assert!(!driver.is_frozen(sbx.id()));
@@ -72,7 +72,7 @@ async fn a_sandbox_in_which_something_runs_stays_awake() {
 #[tokio::test]
 async fn traffic_that_comes_and_goes_while_the_agent_is_asked_cancels_the_freeze() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, _store, lc) = setup(driver.clone(), freezing());
+    let (_dir, _store, lc) = setup(driver.clone(), freezing()).await;
     let sbx = lc.create(params()).await.unwrap();
     tokio::time::sleep(QUIET).await;
     let generation = sbx.freeze_candidate(QUIET).unwrap();
@@ -86,7 +86,7 @@ async fn traffic_that_comes_and_goes_while_the_agent_is_asked_cancels_the_freeze
 #[tokio::test]
 async fn pausing_snapshotting_and_killing_a_frozen_sandbox_work() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, _store, lc) = setup(driver.clone(), freezing());
+    let (_dir, _store, lc) = setup(driver.clone(), freezing()).await;
     let frozen = |lc: &Arc<Lifecycle>, sbx: Arc<Sandbox>| {
         let lc = lc.clone();
         async move {

@@ -117,7 +117,7 @@ async fn a_burst_past_the_launches_gets_prompt_refusals_and_leaks_nothing() {
         max_launch_wait: Duration::ZERO,
         ..Limits::default()
     };
-    let (_dir, _store, lc) = setup(driver.clone(), limits);
+    let (_dir, _store, lc) = setup(driver.clone(), limits).await;
     // Collected: all six are under way before any is awaited.
     let creates: Vec<_> = (0..6)
         .map(|_| {

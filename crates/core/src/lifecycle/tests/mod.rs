@@ -242,14 +242,14 @@ impl AgentClient for TestAgent {
     }
 }
 
-fn setup(
+async fn setup(
     driver: Arc<RecordingDriver>,
     limits: Limits,
 ) -> (tempfile::TempDir, Arc<Store>, Arc<Lifecycle>) {
-    setup_with_agent(driver, limits, TestAgent::ready())
+    setup_with_agent(driver, limits, TestAgent::ready()).await
 }
 
-fn setup_with_agent(
+async fn setup_with_agent(
     driver: Arc<RecordingDriver>,
     limits: Limits,
     agent: Arc<dyn AgentClient>,
@@ -257,7 +257,8 @@ fn setup_with_agent(
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
     store
-        .put_template(&TemplateRecord {
+        .templates()
+        .put(&TemplateRecord {
             name: TemplateName::parse("base").unwrap(),
             content_hash: "h".into(),
             rootfs: dir.path().join("rootfs"),
@@ -266,6 +267,7 @@ fn setup_with_agent(
             layers: Vec::new(),
             defaults: TemplateDefaults::default(),
         })
+        .await
         .unwrap();
     let volumes = test_volumes(&store, driver.clone(), dir.path());
     let lc = Lifecycle::new(store.clone(), driver, agent, limits, volumes);
@@ -278,7 +280,7 @@ async fn a_golden_image_whose_copy_never_answers_is_dropped_and_the_create_boots
     let golden = "golden-base-h-test";
     driver.images.lock().unwrap().insert(golden.into());
     let agent = TestAgent::first_copy_dead();
-    let (_dir, _store, lc) = setup_with_agent(driver.clone(), Limits::default(), agent);
+    let (_dir, _store, lc) = setup_with_agent(driver.clone(), Limits::default(), agent).await;
     let sbx = lc.create(params()).await.unwrap();
     assert!(
         !driver.has_image(golden),
@@ -336,7 +338,7 @@ fn params() -> CreateParams {
 #[tokio::test]
 async fn create_kill_and_slot_reuse() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let a = lc.create(params()).await.unwrap();
     let b = lc.create(params()).await.unwrap();
     assert_eq!((a.record().slot, b.record().slot), (Some(0), Some(1)));
@@ -365,7 +367,7 @@ async fn unknown_template_capacity_and_failed_launch() {
         max_sandboxes: 1,
         ..Limits::default()
     };
-    let (_dir, _store, lc) = setup(driver, limits);
+    let (_dir, _store, lc) = setup(driver, limits).await;
     let bad = CreateParams {
         template: "nope".into(),
         ..params()
@@ -384,7 +386,7 @@ async fn unknown_template_capacity_and_failed_launch() {
         fail_launch: true,
         ..Default::default()
     });
-    let (_dir2, store2, lc2) = setup(failing.clone(), Limits::default());
+    let (_dir2, store2, lc2) = setup(failing.clone(), Limits::default()).await;
     assert!(matches!(
         lc2.create(params()).await,
         Err(LifecycleError::Driver(_))
@@ -402,7 +404,7 @@ async fn unknown_template_capacity_and_failed_launch() {
 #[tokio::test]
 async fn expiry_and_timeouts() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, _store, lc) = setup(driver, Limits::default());
+    let (_dir, _store, lc) = setup(driver, Limits::default()).await;
     let lc = &lc;
     let short = lc
         .create(CreateParams {
@@ -442,7 +444,7 @@ async fn expiry_and_timeouts() {
 #[tokio::test]
 async fn recover_adopts_the_living_and_removes_the_dead() {
     let driver = Arc::new(RecordingDriver::default());
-    let (dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let alive = lc.create(params()).await.unwrap().id().clone();
     let dead = lc.create(params()).await.unwrap().id().clone();
     driver.running.lock().unwrap().retain(|id| *id != dead);
@@ -465,7 +467,7 @@ async fn policies_and_resources_follow_the_sandbox() {
         paused_memory_mb: 0,
         ..Limits::default()
     };
-    let (_dir, store, lc) = setup(driver.clone(), limits);
+    let (_dir, store, lc) = setup(driver.clone(), limits).await;
     let egress = Egress::from_request(Some(false), &["pypi.org".into()], &[]).unwrap();
     let a = lc
         .create(CreateParams {
@@ -546,7 +548,7 @@ async fn policies_and_resources_follow_the_sandbox() {
 #[tokio::test]
 async fn pause_resume_and_their_conflicts() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let a = lc.create(params()).await.unwrap();
     let id = a.id().to_string();
     lc.pause(&id, PauseMode::Full, false).await.unwrap();
@@ -594,7 +596,7 @@ async fn a_failed_checkpoint_keeps_the_sandbox_running() {
         fail_checkpoint: true,
         ..Default::default()
     });
-    let (_dir, _store, lc) = setup(driver, Limits::default());
+    let (_dir, _store, lc) = setup(driver, Limits::default()).await;
     let id = lc.create(params()).await.unwrap().id().to_string();
     assert!(matches!(
         lc.pause(&id, PauseMode::Full, false).await,
@@ -607,7 +609,7 @@ async fn a_failed_checkpoint_keeps_the_sandbox_running() {
 #[tokio::test]
 async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
     let driver = Arc::new(RecordingDriver::default());
-    let (dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let source = lc.create(params()).await.unwrap();
     let snap = lc
         .snapshot(source.id().as_str(), Some("ready"))
@@ -702,7 +704,7 @@ async fn snapshots_start_new_sandboxes_and_paused_ones_survive_recovery() {
 async fn a_filesystem_pause_ends_the_processes_and_its_resume_starts_afresh() {
     let driver = Arc::new(RecordingDriver::default());
     let agent = TestAgent::ready();
-    let (_dir, store, lc) = setup_with_agent(driver, Limits::default(), agent.clone());
+    let (_dir, store, lc) = setup_with_agent(driver, Limits::default(), agent.clone()).await;
     let id = lc.create(params()).await.unwrap().id().to_string();
 
     // The processes end before the checkpoint, and the record says what was saved.

@@ -6,7 +6,7 @@ use super::*;
 #[tokio::test]
 async fn a_parked_sandbox_resumes_by_a_thaw_with_the_rules_set_while_it_was_paused() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, _store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, _store, lc) = setup(driver.clone(), Limits::default()).await;
     let sbx = lc.create(params()).await.unwrap();
     let (id, slot) = (sbx.id().clone(), sbx.record().slot.unwrap());
     lc.pause(id.as_str(), PauseMode::Full, false).await.unwrap();
@@ -54,7 +54,7 @@ async fn parked_runtimes_go_oldest_first_past_their_budget_and_resume_from_their
         pool_min_available_mb: 0,
         ..Limits::default()
     };
-    let (_dir, _store, lc) = setup(driver.clone(), limits);
+    let (_dir, _store, lc) = setup(driver.clone(), limits).await;
     let older = lc.create(params()).await.unwrap();
     let newer = lc.create(params()).await.unwrap();
     let older_slot = older.record().slot.unwrap();
@@ -85,7 +85,7 @@ async fn parked_runtimes_go_oldest_first_past_their_budget_and_resume_from_their
 #[tokio::test]
 async fn a_stopping_server_lets_parked_runtimes_go_and_keeps_the_images() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let sbx = lc.create(params()).await.unwrap();
     lc.pause(sbx.id().as_str(), PauseMode::Full, false)
         .await

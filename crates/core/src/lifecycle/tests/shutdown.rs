@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 #[tokio::test]
 async fn a_stop_keeps_running_sandboxes_for_the_next_start() {
     let driver = Arc::new(RecordingDriver::default());
-    let (dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let sbx = lc.create(params()).await.unwrap();
     let streams = sbx.stopped();
 
@@ -33,7 +33,7 @@ async fn a_stop_keeps_running_sandboxes_for_the_next_start() {
 #[tokio::test]
 async fn a_stop_told_to_stop_sandboxes_kills_them_and_gives_the_host_back() {
     let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let sbx = lc.create(params()).await.unwrap();
     assert_eq!(lc.shutdown(OnExit::StopSandboxes).await, 0);
     assert!(driver.destroyed.lock().unwrap().contains(sbx.id()));
@@ -44,7 +44,7 @@ async fn a_stop_told_to_stop_sandboxes_kills_them_and_gives_the_host_back() {
 #[tokio::test]
 async fn a_timeout_that_passed_while_no_server_ran_does_what_it_asked_at_the_next_start() {
     let driver = Arc::new(RecordingDriver::default());
-    let (dir, store, lc) = setup(driver.clone(), Limits::default());
+    let (dir, store, lc) = setup(driver.clone(), Limits::default()).await;
     let pausing = lc
         .create(CreateParams {
             pause_on_timeout: true,

@@ -126,12 +126,12 @@ pub(crate) async fn request_build(
         created_at: now,
     };
     // A name the key has already built gets a new build of the same template.
-    let existing = find_owned(&state, &caller, alias.as_str())?;
-    let owned_count = || -> Result<usize, ApiError> {
-        let all = state.store.user_templates()?;
-        Ok(all.iter().filter(|t| t.owner == caller.0).count())
+    let existing = find_owned(&state, &caller, alias.as_str()).await?;
+    let owned_count = || async {
+        let own = state.store.templates().user_templates_of(&caller.0).await;
+        own.map(|own| own.len())
     };
-    if existing.is_none() && owned_count()? >= limits.templates_per_key {
+    if existing.is_none() && owned_count().await? >= limits.templates_per_key {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
@@ -141,16 +141,20 @@ pub(crate) async fn request_build(
             ),
         ));
     }
-    let template = if state.store.insert_user_template(&fresh)? {
+    let template = if state.store.templates().insert_user_template(&fresh).await? {
         fresh
     } else {
-        let existing = owned(&state, &caller, alias.as_str())?;
+        let existing = owned(&state, &caller, alias.as_str()).await?;
         let updated = UserTemplate {
             cpu_count: body.cpu_count,
             memory_mb: body.memory_mb,
             ..existing
         };
-        state.store.update_user_template(&updated)?;
+        state
+            .store
+            .templates()
+            .update_user_template(&updated)
+            .await?;
         updated
     };
     let build = BuildRecord {
@@ -163,8 +167,12 @@ pub(crate) async fn request_build(
         tags: tags.clone(),
     };
     // A key that builds one name again and again keeps only its newest builds and logs.
-    state.store.prune_builds_of(&template.id, BUILDS_KEPT)?;
-    state.store.insert_build(&build)?;
+    state
+        .store
+        .templates()
+        .prune_builds_of(&template.id, BUILDS_KEPT)
+        .await?;
+    state.store.templates().insert_build(&build).await?;
     let created = TemplateBuildCreated {
         template_id: template.id.to_string(),
         build_id: build.id,
@@ -182,14 +190,14 @@ pub(crate) async fn start_build(
     Path((id, build)): Path<(String, String)>,
     JsonBody(body): JsonBody<TemplateBuildStart>,
 ) -> Result<Response, ApiError> {
-    let (template, record) = owned_build(&state, &caller, &id, &build)?;
+    let (template, record) = owned_build(&state, &caller, &id, &build).await?;
     if record.status != BuildStatus::Waiting {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("build '{build}' has already started"),
         ));
     }
-    let definition = match definition(&state, &caller, body) {
+    let definition = match definition(&state, &caller, body).await {
         Ok(d) => d,
         Err(e) => {
             // The SDK polls the status next only if this succeeds; a script polling anyway
@@ -198,7 +206,9 @@ pub(crate) async fn start_build(
             let failure = Some((e.message.as_str(), Some("base")));
             state
                 .store
-                .set_build_status(&build, BuildStatus::Error, failure, now)?;
+                .templates()
+                .set_build_status(&build, BuildStatus::Error, failure, now)
+                .await?;
             return Err(e);
         }
     };
@@ -222,7 +232,9 @@ pub(crate) async fn start_build(
         let failure = failure.as_ref().map(|(m, s)| (m.as_str(), *s));
         state
             .store
-            .set_build_status(&record.id, BuildStatus::Error, failure, now)?;
+            .templates()
+            .set_build_status(&record.id, BuildStatus::Error, failure, now)
+            .await?;
         return Err(refused.into());
     }
     Ok((StatusCode::ACCEPTED, Json(serde_json::json!({}))).into_response())
@@ -237,7 +249,7 @@ pub(crate) async fn cancel_build(
     Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let (_, record) = owned_build(&state, &caller, &id, &build)?;
+    let (_, record) = owned_build(&state, &caller, &id, &build).await?;
     if state.builder.cancel(&record.id) {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
@@ -246,7 +258,9 @@ pub(crate) async fn cancel_build(
         let failure = Some((airlock_core::build::stop::CANCELLED, None));
         state
             .store
-            .set_build_status(&record.id, BuildStatus::Error, failure, now)?;
+            .templates()
+            .set_build_status(&record.id, BuildStatus::Error, failure, now)
+            .await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     Err(ApiError::new(
@@ -259,7 +273,7 @@ pub(crate) async fn cancel_build(
 }
 
 /// Checks the SDK's build body and turns it into what the builder runs.
-fn definition(
+async fn definition(
     state: &AppState,
     caller: &Caller,
     body: TemplateBuildStart,
@@ -275,16 +289,16 @@ fn definition(
         }
     }
     let base = match (&body.from_template, &body.from_image) {
-        (Some(t), _) => BuildBase::Template(visible_base(state, caller, t)?),
+        (Some(t), _) => BuildBase::Template(visible_base(state, caller, t).await?),
         // E2B's own base image is what `base` is here.
         (None, Some(image)) if image.split(':').next() == Some(E2B_BASE_IMAGE) => {
-            BuildBase::Template(visible_base(state, caller, "base")?)
+            BuildBase::Template(visible_base(state, caller, "base").await?)
         }
         (None, Some(image)) => BuildBase::Image(ImageSource {
             reference: image_name(image)?,
             credentials: registry_credentials(body.from_image_registry.as_ref())?,
         }),
-        (None, None) => BuildBase::Template(visible_base(state, caller, "base")?),
+        (None, None) => BuildBase::Template(visible_base(state, caller, "base").await?),
     };
     if body.steps.len() > MAX_STEPS {
         return Err(ApiError::bad_request(format!(
@@ -307,10 +321,16 @@ fn definition(
 }
 
 /// A template the caller may build on, built.
-fn visible_base(state: &AppState, caller: &Caller, name: &str) -> Result<TemplateRecord, ApiError> {
+async fn visible_base(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+) -> Result<TemplateRecord, ApiError> {
     let (base, _) = state
         .store
-        .visible_template(Some(&caller.0), name)?
+        .templates()
+        .visible_template(Some(&caller.0), name)
+        .await?
         .ok_or_else(|| {
             ApiError::bad_request(format!("template '{name}' not found (or not built yet)"))
         })?;
@@ -367,11 +387,13 @@ pub(crate) async fn build_status(
     Path((id, build)): Path<(String, String)>,
     Query(query): Query<BuildStatusQuery>,
 ) -> Result<Json<BuildStatusBody>, ApiError> {
-    let (template, record) = owned_build(&state, &caller, &id, &build)?;
+    let (template, record) = owned_build(&state, &caller, &id, &build).await?;
     let limit = query.limit.unwrap_or(100).clamp(1, MAX_LOG_PAGE);
     let entries = state
         .store
-        .build_logs(&record.id, query.logs_offset.unwrap_or(0), limit)?;
+        .templates()
+        .build_logs(&record.id, query.logs_offset.unwrap_or(0), limit)
+        .await?;
     let log_entries = entries.iter().map(log_entry_body).collect();
     Ok(Json(BuildStatusBody {
         template_id: template.id.to_string(),
@@ -394,9 +416,13 @@ pub(crate) async fn build_logs(
     Path((id, build)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<BuildLogsBody>, ApiError> {
-    let (_, record) = owned_build(&state, &caller, &id, &build)?;
+    let (_, record) = owned_build(&state, &caller, &id, &build).await?;
     let page = Page::parse(&query, "cursor")?;
-    let entries = state.store.build_logs(&record.id, 0, MAX_LOG_ENTRIES)?;
+    let entries = state
+        .store
+        .templates()
+        .build_logs(&record.id, 0, MAX_LOG_ENTRIES)
+        .await?;
     let logs = page
         .select(&entries)
         .into_iter()

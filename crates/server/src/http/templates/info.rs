@@ -22,9 +22,9 @@ pub(crate) async fn list(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
     let mut templates = Vec::new();
-    for template in state.store.user_templates()? {
+    for template in state.store.templates().user_templates().await? {
         if template.owner == caller.0 {
-            let builds = state.store.builds_of(&template.id)?;
+            let builds = state.store.templates().builds_of(&template.id).await?;
             templates.push(info(&state, &template, &builds));
         }
     }
@@ -38,8 +38,8 @@ pub(crate) async fn detail(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<TemplateWithBuilds>, ApiError> {
-    let template = owned(&state, &caller, &id)?;
-    let builds = state.store.builds_of(&template.id)?;
+    let template = owned(&state, &caller, &id).await?;
+    let builds = state.store.templates().builds_of(&template.id).await?;
     let (cpu_count, memory_mb) = resources(&state, &template);
     Ok(Json(TemplateWithBuilds {
         template: info(&state, &template, &builds),
@@ -64,12 +64,16 @@ pub(crate) async fn update(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<TemplateUpdate>,
 ) -> Result<Json<TemplateUpdated>, ApiError> {
-    let template = owned(&state, &caller, &id)?;
+    let template = owned(&state, &caller, &id).await?;
     let updated = UserTemplate {
         public: body.public.unwrap_or(template.public),
         ..template
     };
-    state.store.update_user_template(&updated)?;
+    state
+        .store
+        .templates()
+        .update_user_template(&updated)
+        .await?;
     Ok(Json(TemplateUpdated {
         names: names(&updated),
     }))
@@ -85,7 +89,9 @@ pub(crate) async fn alias(
 ) -> Result<Json<TemplateAlias>, ApiError> {
     let (record, template) = state
         .store
-        .visible_template(Some(&caller.0), &alias)?
+        .templates()
+        .visible_template(Some(&caller.0), &alias)
+        .await?
         .ok_or_else(|| ApiError::not_found(format!("template '{alias}' not found")))?;
     Ok(Json(match template {
         Some(t) => TemplateAlias {
@@ -114,7 +120,7 @@ pub(crate) async fn delete(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if delete_owned(&state, &caller, &id)?
+    if delete_owned(&state, &caller, &id).await?
         || state.lifecycle.delete_snapshot(&caller.0, &id).await?
     {
         Ok(StatusCode::NO_CONTENT)
@@ -125,11 +131,15 @@ pub(crate) async fn delete(
 
 /// `DELETE /templates/{id}` for a user template (snapshots share the route; see [`delete`]).
 /// Sandboxes running from it keep its files, which stay on disk.
-fn delete_owned(state: &AppState, caller: &Caller, id: &str) -> Result<bool, ApiError> {
-    let Some(template) = find_owned(state, caller, id)? else {
+async fn delete_owned(state: &AppState, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+    let Some(template) = find_owned(state, caller, id).await? else {
         return Ok(false);
     };
-    state.store.delete_user_template(&template.id)?;
+    state
+        .store
+        .templates()
+        .delete_user_template(&template.id)
+        .await?;
     Ok(true)
 }
 

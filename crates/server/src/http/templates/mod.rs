@@ -16,32 +16,39 @@ use crate::AppState;
 use airlock_core::store::{BuildRecord, UserTemplate};
 
 /// The caller's template `id` (its id or alias), if it has one.
-pub(crate) fn find_owned(
+pub(crate) async fn find_owned(
     state: &AppState,
     caller: &Caller,
     id: &str,
 ) -> Result<Option<UserTemplate>, ApiError> {
     Ok(state
         .store
-        .user_template_named(Some(&caller.0), id)?
+        .templates()
+        .user_template_named(Some(&caller.0), id)
+        .await?
         .filter(|t| t.owner == caller.0))
 }
 
 /// The caller's template `id` (its id or alias), or 404.
-pub(crate) fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<UserTemplate, ApiError> {
-    find_owned(state, caller, id)?
+pub(crate) async fn owned(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<UserTemplate, ApiError> {
+    find_owned(state, caller, id)
+        .await?
         .ok_or_else(|| ApiError::not_found(format!("template '{id}' not found")))
 }
 
 /// The build `build` of the caller's template `id`, or 404.
-pub(crate) fn owned_build(
+pub(crate) async fn owned_build(
     state: &AppState,
     caller: &Caller,
     id: &str,
     build: &str,
 ) -> Result<(UserTemplate, BuildRecord), ApiError> {
-    let template = owned(state, caller, id)?;
-    match state.store.build(build)? {
+    let template = owned(state, caller, id).await?;
+    match state.store.templates().build(build).await? {
         Some(b) if b.template_id == template.id => Ok((template, b)),
         _ => Err(ApiError::not_found(format!(
             "build '{build}' of template '{id}' not found"

@@ -52,10 +52,12 @@ pub(crate) async fn assign(
 ) -> Result<(StatusCode, Json<AssignedTags>), ApiError> {
     let (name, tag) = split_reference(&body.target);
     let tag = tag.unwrap_or(DEFAULT_TAG);
-    let template = owned(&state, &caller, name)?;
+    let template = owned(&state, &caller, name).await?;
     let build = state
         .store
-        .build_tagged(&template.id, tag)?
+        .templates()
+        .build_tagged(&template.id, tag)
+        .await?
         .ok_or_else(|| {
             ApiError::not_found(format!(
                 "template '{name}' has no ready build tagged '{tag}'"
@@ -63,7 +65,11 @@ pub(crate) async fn assign(
         })?;
     let tags = checked_tags(body.tags.iter().map(String::as_str))?;
     let now = chrono::Utc::now().timestamp();
-    state.store.assign_tags(&template.id, &build, &tags, now)?;
+    state
+        .store
+        .templates()
+        .assign_tags(&template.id, &build, &tags, now)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(AssignedTags {
@@ -86,9 +92,13 @@ pub(crate) async fn remove(
             body.name
         )));
     }
-    let template = owned(&state, &caller, &body.name)?;
+    let template = owned(&state, &caller, &body.name).await?;
     let tags = checked_tags(body.tags.iter().map(String::as_str))?;
-    let missing = state.store.remove_tags(&template.id, &tags)?;
+    let missing = state
+        .store
+        .templates()
+        .remove_tags(&template.id, &tags)
+        .await?;
     if !missing.is_empty() {
         return Err(ApiError::not_found(format!(
             "template '{}' has no tag {}: no tag was removed",
@@ -105,8 +115,8 @@ pub(crate) async fn list(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<TemplateTagInfo>>, ApiError> {
-    let template = owned(&state, &caller, &id)?;
-    let tags = state.store.tags_of(&template.id)?;
+    let template = owned(&state, &caller, &id).await?;
+    let tags = state.store.templates().tags_of(&template.id).await?;
     Ok(Json(
         tags.into_iter()
             .map(|t| TemplateTagInfo {

@@ -22,7 +22,7 @@ pub(crate) async fn file_upload_link(
     Path((id, hash)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let template = owned(&state, &caller, &id)?;
+    let template = owned(&state, &caller, &id).await?;
     if !valid_hash(&hash) {
         return Err(ApiError::bad_request(format!(
             "'{hash}' is not a files hash (64 hex digits)"
