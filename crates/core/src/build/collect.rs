@@ -157,7 +157,7 @@ impl Builder {
         let (mut templates, mut rootfs) = (Vec::new(), HashSet::new());
         for store in stores {
             templates.extend(store.templates().all().await?);
-            rootfs.extend(store.sandboxes()?.into_iter().map(|s| s.rootfs));
+            rootfs.extend(store.sandboxes().all().await?.into_iter().map(|s| s.rootfs));
             rootfs.extend(store.snapshots().all().await?.into_iter().map(|s| s.rootfs));
         }
         // The layers under every rootfs in use: a template's are in its record; an older

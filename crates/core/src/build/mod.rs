@@ -244,7 +244,13 @@ impl Builder {
         }
         // Sandboxes and snapshots of builds that are no longer a template's (a deleted
         // template's, an older build's) run on mounts that only they know.
-        let rootfs = self.store.sandboxes()?.into_iter().map(|s| s.rootfs);
+        let rootfs = self
+            .store
+            .sandboxes()
+            .all()
+            .await?
+            .into_iter()
+            .map(|s| s.rootfs);
         let snapshots = self.store.snapshots().all().await?;
         for rootfs in rootfs.chain(snapshots.into_iter().map(|s| s.rootfs)) {
             if let Some(chain) = self.layers.chain_of(&rootfs) {

@@ -98,13 +98,17 @@ impl Lifecycle {
                 tracing::warn!(sandbox = %record.id, error = %e, "reading its log after its checkpoint failed");
                 Vec::new()
             });
-        let stored = self.store.set_state(
-            &record.id,
-            SandboxState::Paused,
-            None,
-            record.end_at,
-            Some(mode),
-        );
+        let stored = self
+            .store
+            .sandboxes()
+            .set_state(
+                &record.id,
+                SandboxState::Paused,
+                None,
+                record.end_at,
+                Some(mode),
+            )
+            .await;
         if let Err(e) = stored {
             let _ = self.driver.delete_image(&image).await;
             return back(e.into());
@@ -182,17 +186,16 @@ impl Lifecycle {
             Ok(())
         };
         let end_at = now_unix() + timeout.as_secs() as i64;
-        let stored = rebooted.and_then(|()| {
-            self.store
-                .set_state(
-                    &record.id,
-                    SandboxState::Running,
-                    Some(placement.slot),
-                    end_at,
-                    None,
-                )
-                .map_err(LifecycleError::from)
-        });
+        let stored = match rebooted {
+            Ok(()) => {
+                let running = SandboxState::Running;
+                let slot = Some(placement.slot);
+                let records = self.store.sandboxes();
+                let stored = records.set_state(&record.id, running, slot, end_at, None);
+                stored.await.map_err(LifecycleError::from)
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = stored {
             tracing::warn!(sandbox = %record.id, error = %e, "resume failed; sandbox stays paused");
             self.release(record.id.clone(), placement.slot).await;

@@ -346,7 +346,7 @@ impl Lifecycle {
             r.rootfs = started.rootfs.clone();
         });
         let record = sandbox.record();
-        if let Err(e) = self.store.insert_sandbox(&record) {
+        if let Err(e) = self.store.sandboxes().insert(&record).await {
             self.release(started.id, slot).await;
             return failed(e.into());
         }

@@ -18,38 +18,49 @@ const MIN_REFRESH: Duration = Duration::from_secs(15);
 
 impl Lifecycle {
     /// Sets a running sandbox to expire `timeout` from now (replacing the old deadline).
-    pub fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
+    pub async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<(), LifecycleError> {
         let timeout = self.clamp_timeout(Some(timeout))?;
         let sandbox = self.find(id)?;
         if sandbox.phase().shown() != Some(crate::store::SandboxState::Running) {
             return Err(LifecycleError::SandboxNotFound(id.to_owned()));
         }
-        self.extend(&sandbox, timeout)
+        self.extend(&sandbox, timeout).await
     }
 
     /// E2B's refresh: a running sandbox lives at least `duration` more (15 s when none or
     /// less is asked, as E2B's), and never less than it already had.
-    pub fn refresh(&self, id: &str, duration: Option<Duration>) -> Result<(), LifecycleError> {
+    pub async fn refresh(
+        &self,
+        id: &str,
+        duration: Option<Duration>,
+    ) -> Result<(), LifecycleError> {
         let duration = self.clamp_timeout(Some(duration.unwrap_or_default().max(MIN_REFRESH)))?;
         let sandbox = self.find(id)?;
         if sandbox.phase().shown() != Some(crate::store::SandboxState::Running) {
             return Err(LifecycleError::SandboxNotFound(id.to_owned()));
         }
-        self.extend_only(&sandbox, duration)
+        self.extend_only(&sandbox, duration).await
     }
 
     /// Moves the deadline to `timeout` from now.
-    fn extend(&self, sandbox: &Sandbox, timeout: Duration) -> Result<(), LifecycleError> {
+    async fn extend(&self, sandbox: &Sandbox, timeout: Duration) -> Result<(), LifecycleError> {
         let end_at = now_unix() + timeout.as_secs() as i64;
-        self.store.set_end_at(sandbox.id(), end_at)?;
+        self.store
+            .sandboxes()
+            .set_end_at(sandbox.id(), end_at)
+            .await?;
         sandbox.update_record(|r| r.end_at = end_at);
         Ok(())
     }
 
     /// Moves the deadline to `timeout` from now if that is later.
-    fn extend_only(&self, sandbox: &Sandbox, timeout: Duration) -> Result<(), LifecycleError> {
+    async fn extend_only(
+        &self,
+        sandbox: &Sandbox,
+        timeout: Duration,
+    ) -> Result<(), LifecycleError> {
         if now_unix() + timeout.as_secs() as i64 > sandbox.record().end_at {
-            self.extend(sandbox, timeout)?;
+            self.extend(sandbox, timeout).await?;
         }
         Ok(())
     }
@@ -66,7 +77,8 @@ impl Lifecycle {
         let sandbox = self.find(id)?;
         if matches!(sandbox.phase(), Phase::Running | Phase::Snapshotting) {
             if let Some(t) = timeout {
-                self.extend_only(&sandbox, self.clamp_timeout(Some(t))?)?;
+                self.extend_only(&sandbox, self.clamp_timeout(Some(t))?)
+                    .await?;
             }
             return Ok((sandbox, false));
         }
@@ -95,7 +107,10 @@ impl Lifecycle {
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         }
         let require = require_traffic_token.unwrap_or(sandbox.record().require_traffic_token);
-        self.store.set_network(sandbox.id(), &egress, require)?;
+        self.store
+            .sandboxes()
+            .set_network(sandbox.id(), &egress, require)
+            .await?;
         sandbox.update_record(|r| {
             r.egress = egress;
             r.require_traffic_token = require;
@@ -142,7 +157,7 @@ impl Lifecycle {
                 Ok(()) => return,
                 Err(LifecycleError::NoSpace(why)) => {
                     tracing::warn!(sandbox = %record.id, why, retry_in = ?AUTO_PAUSE_RETRY, "no disk space to pause; the sandbox keeps running");
-                    if let Err(e) = self.extend(sandbox, AUTO_PAUSE_RETRY) {
+                    if let Err(e) = self.extend(sandbox, AUTO_PAUSE_RETRY).await {
                         tracing::error!(sandbox = %record.id, error = %e, "moving the deadline failed");
                     }
                     return;
@@ -154,7 +169,7 @@ impl Lifecycle {
         } else {
             tracing::info!(sandbox = %record.id, "timeout reached; killing");
         }
-        let _ = self.stop(sandbox);
+        let _ = self.stop(sandbox).await;
     }
 
     /// Runs the expiry loop until `stop` fires; each round also keeps the parked runtimes of

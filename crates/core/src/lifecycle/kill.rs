@@ -13,11 +13,11 @@ impl Lifecycle {
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
-        self.stop(&sandbox)
+        self.stop(&sandbox).await
     }
 
     /// [`Lifecycle::kill`] of a sandbox whose verb lock the caller holds.
-    pub(super) fn stop(&self, sandbox: &Sandbox) -> Result<(), LifecycleError> {
+    pub(super) async fn stop(&self, sandbox: &Sandbox) -> Result<(), LifecycleError> {
         if sandbox.phase().shown().is_none() {
             return Err(LifecycleError::SandboxNotFound(sandbox.id().to_string()));
         }
@@ -42,7 +42,7 @@ impl Lifecycle {
             Some(runtime) => {
                 self.destroying.spawn(self.discard(&id, runtime.slot));
             }
-            None => self.store.delete_sandbox(&id)?,
+            None => self.store.sandboxes().delete(&id).await?,
         }
         Ok(())
     }
@@ -73,7 +73,7 @@ impl Lifecycle {
         let release = self.release(id.clone(), slot);
         async move {
             release.await;
-            if let Err(e) = store.delete_sandbox(&id) {
+            if let Err(e) = store.sandboxes().delete(&id).await {
                 tracing::error!(sandbox = %id, error = %e, "forgetting sandbox failed");
             }
         }
@@ -98,7 +98,7 @@ impl Lifecycle {
                     left_running += 1;
                 }
                 _ => {
-                    let _ = self.stop(&sandbox);
+                    let _ = self.stop(&sandbox).await;
                 }
             }
         }

@@ -24,9 +24,11 @@ pub struct RecoveryReport {
 
 /// The slots and policies of the sandboxes a restart will try to adopt: the driver puts them
 /// in force when it starts, before anything else runs, so no sandbox is ever unconfined.
-pub fn adoptable_policies(store: &Store) -> Result<Vec<(u32, Egress)>, StoreError> {
+pub async fn adoptable_policies(store: &Store) -> Result<Vec<(u32, Egress)>, StoreError> {
     Ok(store
-        .sandboxes()?
+        .sandboxes()
+        .all()
+        .await?
         .into_iter()
         .filter(|r| r.state == SandboxState::Running)
         .filter_map(|r| Some((r.slot?, r.egress)))
@@ -40,7 +42,7 @@ impl Lifecycle {
     pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
         let mut report = RecoveryReport::default();
         let mut running = Vec::new();
-        for record in self.store.sandboxes()? {
+        for record in self.store.sandboxes().all().await? {
             match (record.state, record.slot) {
                 (SandboxState::Paused, _) => {
                     if self.driver.has_image(&paused_image(&record.id)) {
@@ -49,13 +51,13 @@ impl Lifecycle {
                             .adopt(Sandbox::new(record, Phase::Paused, None));
                     } else {
                         tracing::warn!(sandbox = %record.id, "paused sandbox has no image; forgetting it");
-                        self.store.delete_sandbox(&record.id)?;
+                        self.store.sandboxes().delete(&record.id).await?;
                         report.removed.push(record.id);
                     }
                 }
                 (SandboxState::Running, Some(slot)) => running.push((record, slot)),
                 (SandboxState::Running, None) => {
-                    self.store.delete_sandbox(&record.id)?;
+                    self.store.sandboxes().delete(&record.id).await?;
                     report.removed.push(record.id);
                 }
             }
@@ -110,7 +112,9 @@ impl Lifecycle {
     async fn sweep_images(&self) -> Result<(), LifecycleError> {
         let mut named: HashSet<String> = self
             .store
-            .sandboxes()?
+            .sandboxes()
+            .all()
+            .await?
             .iter()
             .filter(|r| r.state == SandboxState::Paused)
             .map(|r| paused_image(&r.id))

@@ -36,7 +36,14 @@ impl Lifecycle {
             return in_use(user.id().to_string());
         }
         let deadline = Instant::now() + RELEASE_WAIT;
-        while let Some(user) = self.store.sandboxes()?.into_iter().find(|s| mounts(s, id)) {
+        while let Some(user) = self
+            .store
+            .sandboxes()
+            .all()
+            .await?
+            .into_iter()
+            .find(|s| mounts(s, id))
+        {
             if Instant::now() > deadline {
                 return in_use(user.id.to_string());
             }

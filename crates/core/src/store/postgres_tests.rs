@@ -122,6 +122,15 @@ async fn postgres_keeps_snapshots_as_sqlite_does() {
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_sandboxes_as_sqlite_does() {
+    in_a_new_schema(|db| async move {
+        super::sandboxes::behaves(&super::SandboxRecords::new(db)).await
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
 async fn postgres_keeps_templates_as_sqlite_does() {
     in_a_new_schema(|db| async move {
         super::templates_tests::behaves(&super::Templates::new(db)).await

@@ -85,7 +85,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     }
     let netd_binary = find_binary("airlock-netd", None)?;
     // The firewall starts with every sandbox that will be adopted already in it.
-    let known = airlock_core::lifecycle::adoptable_policies(&store)?;
+    let known = airlock_core::lifecycle::adoptable_policies(&store).await?;
     let driver: Arc<dyn Driver> = Arc::new(
         airlock_gvisor::GvisorDriver::new(
             airlock_gvisor::GvisorConfig {

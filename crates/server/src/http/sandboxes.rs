@@ -296,7 +296,8 @@ pub(crate) async fn set_timeout(
         .ok_or_else(|| ApiError::bad_request("timeout (seconds) is required"))?;
     state
         .lifecycle
-        .set_timeout(&id, Duration::from_secs(secs))?;
+        .set_timeout(&id, Duration::from_secs(secs))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -309,7 +310,8 @@ pub(crate) async fn refresh(
 ) -> Result<StatusCode, ApiError> {
     state
         .lifecycle
-        .refresh(&id, body.duration.map(Duration::from_secs))?;
+        .refresh(&id, body.duration.map(Duration::from_secs))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

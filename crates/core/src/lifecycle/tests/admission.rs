@@ -145,7 +145,16 @@ async fn an_automatic_pause_without_disk_space_keeps_the_sandbox_running() {
     assert_eq!(lc.running(id).await.unwrap().phase(), Phase::Running);
     let end_at = lc.record(id).unwrap().end_at;
     assert!(end_at > now_unix(), "it tries again later");
-    assert_eq!(store.sandbox(sbx.id()).unwrap().unwrap().end_at, end_at);
+    assert_eq!(
+        store
+            .sandboxes()
+            .get(sbx.id())
+            .await
+            .unwrap()
+            .unwrap()
+            .end_at,
+        end_at
+    );
 }
 
 #[tokio::test]

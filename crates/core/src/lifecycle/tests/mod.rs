@@ -343,7 +343,7 @@ async fn create_kill_and_slot_reuse() {
     let b = lc.create(params()).await.unwrap();
     assert_eq!((a.record().slot, b.record().slot), (Some(0), Some(1)));
     assert!(a.access_token().is_some());
-    assert_eq!(store.sandboxes().unwrap().len(), 2);
+    assert_eq!(store.sandboxes().all().await.unwrap().len(), 2);
 
     lc.kill(a.id().as_str()).await.unwrap();
     assert!(matches!(
@@ -351,7 +351,7 @@ async fn create_kill_and_slot_reuse() {
         Err(LifecycleError::SandboxNotFound(_))
     ));
     lc.settle().await;
-    assert_eq!(store.sandboxes().unwrap().len(), 1);
+    assert_eq!(store.sandboxes().all().await.unwrap().len(), 1);
     let c = lc.create(params()).await.unwrap();
     assert_eq!(
         c.record().slot,
@@ -392,7 +392,7 @@ async fn unknown_template_capacity_and_failed_launch() {
         Err(LifecycleError::Driver(_))
     ));
     assert!(
-        store2.sandboxes().unwrap().is_empty(),
+        store2.sandboxes().all().await.unwrap().is_empty(),
         "a failed create leaves no row"
     );
     assert!(
@@ -420,23 +420,25 @@ async fn expiry_and_timeouts() {
     assert!(lc.record(long.id().as_str()).is_ok());
     let too_long = Duration::from_secs(lc.limits().max_timeout.as_secs() + 1);
     assert!(matches!(
-        lc.set_timeout(long.id().as_str(), too_long),
+        lc.set_timeout(long.id().as_str(), too_long).await,
         Err(LifecycleError::TimeoutTooLong { .. })
     ));
 
     // A refresh lengthens a life, never shortens it, and gives at least 15 s.
     let id = long.id().as_str();
     let end_at = || lc.record(id).unwrap().end_at;
-    lc.set_timeout(id, Duration::from_secs(5)).unwrap();
-    lc.refresh(id, None).unwrap();
+    lc.set_timeout(id, Duration::from_secs(5)).await.unwrap();
+    lc.refresh(id, None).await.unwrap();
     let floor = end_at() - now_unix();
     assert!((14..=15).contains(&floor), "{floor}");
-    lc.refresh(id, Some(Duration::from_secs(600))).unwrap();
+    lc.refresh(id, Some(Duration::from_secs(600)))
+        .await
+        .unwrap();
     let extended = end_at();
-    lc.refresh(id, Some(Duration::from_secs(60))).unwrap();
+    lc.refresh(id, Some(Duration::from_secs(60))).await.unwrap();
     assert_eq!(end_at(), extended, "a shorter refresh leaves the deadline");
     assert!(matches!(
-        lc.refresh(id, Some(too_long)),
+        lc.refresh(id, Some(too_long)).await,
         Err(LifecycleError::TimeoutTooLong { .. })
     ));
 }
@@ -454,7 +456,7 @@ async fn recover_adopts_the_living_and_removes_the_dead() {
     assert_eq!(report.adopted, vec![alive.clone()]);
     assert_eq!(report.removed, vec![dead]);
     assert_eq!(*driver.swept_keep.lock().unwrap(), vec![alive.clone()]);
-    assert_eq!(store.sandboxes().unwrap().len(), 1);
+    assert_eq!(store.sandboxes().all().await.unwrap().len(), 1);
     let next = lc2.create(params()).await.unwrap();
     assert_ne!(next.record().slot, lc2.record(alive.as_str()).unwrap().slot);
 }
@@ -480,7 +482,7 @@ async fn policies_and_resources_follow_the_sandbox() {
         .unwrap();
     let slot = a.record().slot.unwrap();
     assert_eq!(driver.egress.lock().unwrap()[&slot], egress);
-    let record = store.sandbox(a.id()).unwrap().unwrap();
+    let record = store.sandboxes().get(a.id()).await.unwrap().unwrap();
     assert_eq!(record.egress, egress);
     assert_eq!(
         record.resources,
@@ -557,13 +559,13 @@ async fn pause_resume_and_their_conflicts() {
         "a paused sandbox takes no traffic"
     );
     assert_eq!(lc.record(&id).unwrap().state, SandboxState::Paused);
-    assert_eq!(store.sandboxes().unwrap()[0].slot, None);
+    assert_eq!(store.sandboxes().all().await.unwrap()[0].slot, None);
     assert!(matches!(
         lc.pause(&id, PauseMode::Full, false).await,
         Err(LifecycleError::AlreadyPaused(_))
     ));
     assert!(matches!(
-        lc.set_timeout(&id, Duration::from_secs(5)),
+        lc.set_timeout(&id, Duration::from_secs(5)).await,
         Err(LifecycleError::SandboxNotFound(_))
     ));
 
@@ -586,7 +588,7 @@ async fn pause_resume_and_their_conflicts() {
     lc.pause(&id, PauseMode::Full, false).await.unwrap();
     lc.kill(&id).await.unwrap();
     lc.settle().await;
-    assert!(store.sandboxes().unwrap().is_empty());
+    assert!(store.sandboxes().all().await.unwrap().is_empty());
     assert!(driver.images.lock().unwrap().is_empty());
 }
 
@@ -710,8 +712,8 @@ async fn a_filesystem_pause_ends_the_processes_and_its_resume_starts_afresh() {
     // The processes end before the checkpoint, and the record says what was saved.
     lc.pause(&id, PauseMode::Filesystem, false).await.unwrap();
     assert_eq!(agent.reboots(), 1);
-    let stored = |store: &Store| store.sandboxes().unwrap()[0].pause_mode;
-    assert_eq!(stored(&store), Some(PauseMode::Filesystem));
+    let stored = || async { store.sandboxes().all().await.unwrap()[0].pause_mode };
+    assert_eq!(stored().await, Some(PauseMode::Filesystem));
     assert_eq!(
         lc.record(&id).unwrap().pause_mode,
         Some(PauseMode::Filesystem)
@@ -719,13 +721,13 @@ async fn a_filesystem_pause_ends_the_processes_and_its_resume_starts_afresh() {
     // Its resume has nothing left to end, whatever it asks.
     lc.resume(&id, None, PauseMode::Full).await.unwrap();
     assert_eq!(agent.reboots(), 1);
-    assert_eq!(stored(&store), None);
+    assert_eq!(stored().await, None);
     assert_eq!(lc.record(&id).unwrap().pause_mode, None);
 
     // A full pause resumed with a reboot ends the restored processes.
     lc.pause(&id, PauseMode::Full, false).await.unwrap();
     assert_eq!(
-        (agent.reboots(), stored(&store)),
+        (agent.reboots(), stored().await),
         (1, Some(PauseMode::Full))
     );
     lc.connect(&id, None, PauseMode::Filesystem).await.unwrap();

@@ -93,6 +93,6 @@ async fn a_stopping_server_lets_parked_runtimes_go_and_keeps_the_images() {
     lc.shutdown(OnExit::KeepRunning).await;
     assert!(driver.destroyed.lock().unwrap().contains(sbx.id()));
     assert!(driver.has_image(&paused_image(sbx.id())));
-    let row = store.sandbox(sbx.id()).unwrap().unwrap();
+    let row = store.sandboxes().get(sbx.id()).await.unwrap().unwrap();
     assert_eq!(row.state, SandboxState::Paused);
 }

@@ -14,7 +14,13 @@ async fn a_stop_keeps_running_sandboxes_for_the_next_start() {
     assert_eq!(lc.shutdown(OnExit::KeepRunning).await, 1);
     assert!(!driver.destroyed.lock().unwrap().contains(sbx.id()));
     assert_eq!(
-        store.sandbox(sbx.id()).unwrap().unwrap().state,
+        store
+            .sandboxes()
+            .get(sbx.id())
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
         SandboxState::Running
     );
     tokio::time::timeout(Duration::from_secs(1), streams)
@@ -37,7 +43,7 @@ async fn a_stop_told_to_stop_sandboxes_kills_them_and_gives_the_host_back() {
     let sbx = lc.create(params()).await.unwrap();
     assert_eq!(lc.shutdown(OnExit::StopSandboxes).await, 0);
     assert!(driver.destroyed.lock().unwrap().contains(sbx.id()));
-    assert!(store.sandbox(sbx.id()).unwrap().is_none());
+    assert!(store.sandboxes().get(sbx.id()).await.unwrap().is_none());
     assert!(driver.host_given_back.load(Ordering::SeqCst));
 }
 
@@ -55,7 +61,11 @@ async fn a_timeout_that_passed_while_no_server_ran_does_what_it_asked_at_the_nex
     let killed = lc.create(params()).await.unwrap();
     lc.shutdown(OnExit::KeepRunning).await;
     for sbx in [&pausing, &killed] {
-        store.set_end_at(sbx.id(), now_unix() - 1).unwrap();
+        store
+            .sandboxes()
+            .set_end_at(sbx.id(), now_unix() - 1)
+            .await
+            .unwrap();
     }
 
     let next = restarted(&dir, &store, &driver);
@@ -64,11 +74,17 @@ async fn a_timeout_that_passed_while_no_server_ran_does_what_it_asked_at_the_nex
     assert_eq!(next.reap_expired(), 2);
     next.settle().await;
     assert_eq!(
-        store.sandbox(pausing.id()).unwrap().unwrap().state,
+        store
+            .sandboxes()
+            .get(pausing.id())
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
         SandboxState::Paused,
         "it asked to be paused at its timeout"
     );
     assert!(driver.has_image(&paused_image(pausing.id())));
-    assert!(store.sandbox(killed.id()).unwrap().is_none());
+    assert!(store.sandboxes().get(killed.id()).await.unwrap().is_none());
     assert!(driver.destroyed.lock().unwrap().contains(killed.id()));
 }
