@@ -22,11 +22,9 @@ pub(crate) async fn list(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
     let mut templates = Vec::new();
-    for template in state.store.templates().user_templates().await? {
-        if template.owner == caller.0 {
-            let builds = state.store.templates().builds_of(&template.id).await?;
-            templates.push(info(&state, &template, &builds));
-        }
+    for template in state.store.templates().user_templates_of(&caller.0).await? {
+        let builds = state.store.templates().builds_of(&template.id).await?;
+        templates.push(info(&state, &template, &builds));
     }
     templates.sort_by(|a, b| b.created_at.cmp(&a.created_at));
     Ok(Json(templates))
