@@ -425,11 +425,12 @@ def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
 def test_the_pools_share_a_memory_budget(server, restarted):
     """`--pool-memory-mb`: the pools' ready sandboxes together hold at most about this much
     memory. With room for one (an idle sandbox holds about 20 MiB), one sandbox is pooled, and
-    a create of a template moves it to that template; with the default budget (the positive
-    control), the pools hold more."""
+    a create of a template moves it to that template (at once here: by default a ready
+    sandbox moves only once it has waited a minute, `--pool-min-age-secs`); with the default
+    budget (the positive control), the pools hold more."""
     pools = PoolWatch(server)
     pools.wait_for(lambda pooled: len(pooled) >= 2, "the default budget holds more than one")
-    restarted("--pool-memory-mb", "1")
+    restarted("--pool-memory-mb", "1", "--pool-min-age-secs", "0")
     pools.wait_for(lambda pooled: len(pooled) == 1,
                    "the pools did not settle on one ready sandbox")
     wanted = "code-interpreter-v1" if pools.templates() != ["code-interpreter-v1"] else "base"
