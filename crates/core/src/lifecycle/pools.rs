@@ -113,6 +113,13 @@ impl Pools {
         held(&self.lock())
     }
 
+    /// Ready sandboxes and restores under way in one template's pool.
+    fn held_by(&self, template: &TemplateName) -> usize {
+        self.lock()
+            .get(template)
+            .map_or(0, |p| p.ready.len() + p.filling)
+    }
+
     /// Takes a ready sandbox out of the pool wanted least lately.
     fn take_least_wanted(&self) -> Option<(TemplateName, Pooled)> {
         let mut pools = self.lock();
@@ -531,6 +538,11 @@ impl Lifecycle {
         stop: &CancellationToken,
     ) -> bool {
         loop {
+            // First, as it is cheap: most passes find every pool as planned. Only this task
+            // fills pools, so a pool below its target stays below until it does.
+            if self.pools.held_by(&template.name) >= target {
+                return true;
+            }
             if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
                 return true;
             }
@@ -548,17 +560,14 @@ impl Lifecycle {
             if self.sandboxes.occupying() + self.pools.count() >= self.limits.max_sandboxes {
                 return true;
             }
-            {
-                let mut pools = self.pools.lock();
-                let pool = pools.entry(template.name.clone()).or_default();
-                if pool.ready.len() + pool.filling >= target {
-                    return true;
-                }
-                if !restores.try_take(Instant::now()) {
-                    return false;
-                }
-                pool.filling += 1;
+            if !restores.try_take(Instant::now()) {
+                return false;
             }
+            self.pools
+                .lock()
+                .entry(template.name.clone())
+                .or_default()
+                .filling += 1;
             self.pools.restores.fetch_add(1, Ordering::Relaxed);
             let id = SandboxId::generate();
             let result = self
