@@ -401,7 +401,8 @@ def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
     `--pool-max`), so the next burst finds them ready; with no create finding it empty for
     `--pool-shrink-secs`, the pool halves what it keeps beyond `--pool-size`."""
     pools = PoolWatch(server)
-    restarted("--pool-shrink-secs", "15", "--pool-max", "6")
+    # A ready sandbox goes only once it has waited --pool-min-age-secs: as long as a period.
+    restarted("--pool-shrink-secs", "15", "--pool-max", "6", "--pool-min-age-secs", "15")
     # Templates built by other tests may share base's root filesystem, and so count as "base"
     # here: their pools are counted once they have settled, and must stay as they are.
     others = pools.settled(lambda pooled: pooled.count("base")) - 2

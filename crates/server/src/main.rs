@@ -185,8 +185,9 @@ enum Command {
         /// templates wanted most lately first.
         #[arg(long, default_value_t = 2048, env = "AIRLOCK_POOL_MEMORY_MB")]
         pool_memory_mb: u64,
-        /// Seconds a ready sandbox waits in its pool before --pool-memory-mb may give its
-        /// place to a template wanted more lately, so no restore is thrown away unused.
+        /// Seconds a ready sandbox waits in its pool before it may be let go (its pool shrank,
+        /// or a template wanted more lately needs the room), so no restore is thrown away
+        /// before it could serve a create. An unused template's pool goes at once.
         #[arg(long, default_value_t = 60, env = "AIRLOCK_POOL_MIN_AGE_SECS")]
         pool_min_age_secs: u64,
         /// The pools' CPU budget: the most restores into pools per minute, half a minute's

@@ -197,8 +197,9 @@ pub struct Limits {
     /// A template's pool is emptied once nobody has created a sandbox of it for this long;
     /// its next create restores the golden image itself, and the pool is filled again.
     pub pool_idle: Duration,
-    /// How long a ready sandbox waits in its pool before the memory budget may give its place
-    /// to another template's pool: no restore is thrown away before it could serve a create.
+    /// How long a ready sandbox waits in its pool before it may be let go (its pool shrank, or
+    /// another template's needs the room): no restore is thrown away before it could serve a
+    /// create.
     pub pool_min_age: Duration,
     /// The pools' CPU budget: the most restores into pools per minute (half a minute's worth
     /// may come at once).

@@ -75,17 +75,18 @@ pub(super) fn targets(pools: &[PoolDemand], budget_bytes: u64, room: usize) -> V
 }
 
 /// How many of a pool's ready sandboxes, ready for the durations given (oldest first), go:
-/// all beyond what it keeps; of those it keeps but the plan has no room for, only the ones
-/// that waited `min_age`, so no restore is thrown away before it could serve a create.
+/// all of a pool that keeps nothing (its template is unused); else those beyond its target
+/// that waited `min_age`, oldest first. So no restore is thrown away before it could serve a
+/// create, whether the pool shrank or another template's needs the room.
 pub(super) fn surplus(ages: &[Duration], keep: usize, target: usize, min_age: Duration) -> usize {
-    let over_keep = ages.len().saturating_sub(keep);
-    let over_target = ages.len().saturating_sub(target.min(keep));
-    let old_enough = ages[over_keep..]
-        .iter()
-        .take(over_target - over_keep)
+    if keep == 0 {
+        return ages.len();
+    }
+    let over = ages.len().saturating_sub(target.min(keep));
+    ages.iter()
+        .take(over)
         .take_while(|age| **age >= min_age)
-        .count();
-    over_keep + old_enough
+        .count()
 }
 
 /// The pools' CPU budget: a token bucket of restores. It holds up to half a minute's worth,

@@ -40,24 +40,24 @@ fn an_unused_template_has_no_pool_and_a_tiny_budget_still_pools_one() {
 }
 
 #[test]
-fn a_pool_gives_up_only_what_it_no_longer_keeps_or_what_waited_long_enough() {
+fn a_ready_sandbox_goes_only_once_it_waited_unless_its_template_is_unused() {
     let min_age = Duration::from_secs(60);
     let ages = |secs: &[u64]| {
         secs.iter()
             .map(|s| Duration::from_secs(*s))
             .collect::<Vec<_>>()
     };
-    // Shrunk to 2 of 4: the two oldest go at once, whatever their age.
-    assert_eq!(surplus(&ages(&[5, 4, 3, 2]), 2, 2, min_age), 2);
-    // Keeps 3 but the plan has room for 1: only those ready a minute go.
+    // Shrunk to 2 of 4 (a burst's refill): only those ready a minute go, the oldest first.
+    assert_eq!(surplus(&ages(&[90, 70, 30, 2]), 2, 2, min_age), 2);
+    assert_eq!(surplus(&ages(&[70, 30, 20, 2]), 2, 2, min_age), 1);
+    // Keeps 3 but the plan has room for 1: the same.
     assert_eq!(surplus(&ages(&[90, 30, 10]), 3, 1, min_age), 1);
-    assert_eq!(surplus(&ages(&[90, 70, 10]), 3, 1, min_age), 2);
     assert_eq!(
         surplus(&ages(&[30, 20]), 2, 0, min_age),
         0,
         "too young to move"
     );
-    // Idle (keeps nothing): all go.
+    // Unused (keeps nothing): all go, its template has only its golden image.
     assert_eq!(surplus(&ages(&[3, 1]), 0, 0, min_age), 2);
 }
 
