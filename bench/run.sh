@@ -12,6 +12,7 @@
 #   bench/run.sh density [args]       bench/density.py     (N idle sandboxes: CPU, memory, latency)
 #   bench/run.sh mcp [args]           bench/mcp_latency.py       (MCP run_code over stdio and HTTP)
 #   bench/run.sh overload [args]      bench/overload.py    (bursts of 100 and 300 creates at once)
+#   bench/run.sh pools [args]         bench/pools.py       (a quiet host's CPU with 20 templates' pools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/templates-dir.sh
@@ -34,10 +35,11 @@ case "$suite" in
   density) .venv/bin/python bench/density.py --data-dir "$DATA_DIR" "$@" ;;
   mcp) .venv/bin/python bench/mcp_latency.py --data-dir "$DATA_DIR" "$@" ;;
   overload) .venv/bin/python bench/overload.py --data-dir "$DATA_DIR" "$@" ;;
+  pools) .venv/bin/python bench/pools.py --data-dir "$DATA_DIR" "$@" ;;
   templates) scripts/install-test-deps.sh; .venv/bin/python bench/templates.py --data-dir "$DATA_DIR" "$@" ;;
   all)
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo
     .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" ;;
-  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|overload|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|overload|pools|all] [args]" >&2; exit 2 ;;
 esac

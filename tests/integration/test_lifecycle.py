@@ -401,7 +401,8 @@ def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
     `--pool-max`), so the next burst finds them ready; with no create finding it empty for
     `--pool-shrink-secs`, the pool halves what it keeps beyond `--pool-size`."""
     pools = PoolWatch(server)
-    restarted("--pool-shrink-secs", "15", "--pool-max", "6")
+    # A ready sandbox goes only once it has waited --pool-min-age-secs: as long as a period.
+    restarted("--pool-shrink-secs", "15", "--pool-max", "6", "--pool-min-age-secs", "15")
     # Templates built by other tests may share base's root filesystem, and so count as "base"
     # here: their pools are counted once they have settled, and must stay as they are.
     others = pools.settled(lambda pooled: pooled.count("base")) - 2
@@ -425,11 +426,12 @@ def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
 def test_the_pools_share_a_memory_budget(server, restarted):
     """`--pool-memory-mb`: the pools' ready sandboxes together hold at most about this much
     memory. With room for one (an idle sandbox holds about 20 MiB), one sandbox is pooled, and
-    a create of a template moves it to that template; with the default budget (the positive
-    control), the pools hold more."""
+    a create of a template moves it to that template (at once here: by default a ready
+    sandbox moves only once it has waited a minute, `--pool-min-age-secs`); with the default
+    budget (the positive control), the pools hold more."""
     pools = PoolWatch(server)
     pools.wait_for(lambda pooled: len(pooled) >= 2, "the default budget holds more than one")
-    restarted("--pool-memory-mb", "1")
+    restarted("--pool-memory-mb", "1", "--pool-min-age-secs", "0")
     pools.wait_for(lambda pooled: len(pooled) == 1,
                    "the pools did not settle on one ready sandbox")
     wanted = "code-interpreter-v1" if pools.templates() != ["code-interpreter-v1"] else "base"

@@ -56,6 +56,9 @@ def test_metrics_say_how_full_the_host_is(server, restarted, sandbox_factory):
     total = int(meminfo["MemTotal"].split()[0]) * 1024
     assert value(metrics, "airlock_host_memory_total_bytes") == total
     assert 0 < value(metrics, "airlock_host_memory_available_bytes") < total
+    # The pools were restored into since the restart, and no restore was thrown away unused.
+    assert value(metrics, "airlock_pool_restores_total") >= 2
+    assert value(metrics, "airlock_pool_wasted_restores_total") == 0
 
     sbx = sandbox_factory()
     wait_for_state(sbx.sandbox_id, "FROZEN")

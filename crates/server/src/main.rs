@@ -181,10 +181,19 @@ enum Command {
         #[arg(long, default_value_t = 1800, env = "AIRLOCK_POOL_IDLE_SECS")]
         pool_idle_secs: u64,
         /// The most memory, in MiB, that all pools' ready sandboxes may hold together (an idle
-        /// one holds about 20). Past it, a pool is filled only by taking a ready sandbox from
-        /// the template wanted least lately.
+        /// one holds about 20). It goes to every pool's --pool-size first, then to growth, the
+        /// templates wanted most lately first.
         #[arg(long, default_value_t = 2048, env = "AIRLOCK_POOL_MEMORY_MB")]
         pool_memory_mb: u64,
+        /// Seconds a ready sandbox waits in its pool before it may be let go (its pool shrank,
+        /// or a template wanted more lately needs the room), so no restore is thrown away
+        /// before it could serve a create. An unused template's pool goes at once.
+        #[arg(long, default_value_t = 60, env = "AIRLOCK_POOL_MIN_AGE_SECS")]
+        pool_min_age_secs: u64,
+        /// The pools' CPU budget: the most restores into pools per minute, half a minute's
+        /// worth at once (default: 20 per core).
+        #[arg(long, env = "AIRLOCK_POOL_RESTORES_PER_MIN")]
+        pool_restores_per_min: Option<u32>,
         /// Milliseconds with no request, no open connection and no process of its own running
         /// after which a sandbox is frozen: it then costs no CPU (an idle awake one costs ~3 % of
         /// a core) until its next request thaws it, in about a millisecond. Pooled sandboxes
@@ -437,6 +446,8 @@ async fn run(cli: Cli) -> ExitCode {
             pool_shrink_secs,
             pool_idle_secs,
             pool_memory_mb,
+            pool_min_age_secs,
+            pool_restores_per_min,
             freeze_after_ms,
             paused_memory_mb,
             max_cpu_count,
@@ -496,6 +507,9 @@ async fn run(cli: Cli) -> ExitCode {
                     pool_shrink_after: Duration::from_secs(pool_shrink_secs),
                     pool_idle: Duration::from_secs(pool_idle_secs),
                     pool_memory_mb,
+                    pool_min_age: Duration::from_secs(pool_min_age_secs),
+                    pool_restores_per_min: pool_restores_per_min
+                        .unwrap_or_else(airlock_core::lifecycle::default_pool_restores_per_min),
                     freeze_after: (freeze_after_ms > 0)
                         .then(|| Duration::from_millis(freeze_after_ms)),
                     paused_memory_mb,

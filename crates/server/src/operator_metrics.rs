@@ -271,6 +271,27 @@ fn encode_load(load: &HostLoad, encoder: &mut DescriptorEncoder) -> Result<(), s
     ] {
         ConstCounter::new(n).encode(goldens.encode_family(&[("outcome", outcome)])?)?;
     }
+    let churn = [
+        (
+            "airlock_pool_restores",
+            "Restores into pools since the server started (each costs a launch's CPU)",
+            load.pool_churn.restores,
+        ),
+        (
+            "airlock_pool_evictions",
+            "Ready pooled sandboxes destroyed to make room for another template's pool or a create",
+            load.pool_churn.evictions,
+        ),
+        (
+            "airlock_pool_wasted_restores",
+            "Ready pooled sandboxes destroyed unused within a minute of their restore",
+            load.pool_churn.wasted,
+        ),
+    ];
+    for (name, help, n) in churn {
+        let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        ConstCounter::new(n).encode(metric)?;
+    }
     let mut by_key = encoder.encode_descriptor(
         "airlock_key_sandboxes",
         "Sandboxes of each API key (by the id `airlock key ls` shows), by state",
@@ -348,6 +369,11 @@ mod tests {
             memory_total_bytes: None,
             golden_images_made: 3,
             golden_images_failed: 1,
+            pool_churn: airlock_core::lifecycle::PoolChurn {
+                restores: 7,
+                evictions: 2,
+                wasted: 1,
+            },
             per_key: vec![("0123456789ab".into(), 2, 1)],
         };
         let mut registry = Registry::default();
@@ -375,6 +401,10 @@ mod tests {
             "# TYPE airlock_golden_image_builds counter",
             "airlock_golden_image_builds_total{outcome=\"ok\"} 3",
             "airlock_golden_image_builds_total{outcome=\"failed\"} 1",
+            "# TYPE airlock_pool_restores counter",
+            "airlock_pool_restores_total 7",
+            "airlock_pool_evictions_total 2",
+            "airlock_pool_wasted_restores_total 1",
             "airlock_key_sandboxes{key=\"0123456789ab\",state=\"running\"} 2",
             "airlock_key_sandboxes{key=\"0123456789ab\",state=\"paused\"} 1",
         ] {

@@ -35,6 +35,7 @@ pub struct HostLoad {
     /// Golden images made, and attempts that failed, since the server started.
     pub golden_images_made: u64,
     pub golden_images_failed: u64,
+    pub pool_churn: PoolChurn,
     /// Running and paused sandboxes of each API key (by key id), in that order.
     pub per_key: Vec<(String, usize, usize)>,
 }
@@ -49,6 +50,18 @@ pub struct PoolLoad {
     pub filling: usize,
     /// How many it keeps now: `--pool-size` plus what demand has grown it by.
     pub keep: usize,
+}
+
+/// What the pools restored and destroyed unused, since the server started: how much CPU they
+/// spend (a restore costs a launch) and whether any of it was wasted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolChurn {
+    /// Restores into pools.
+    pub restores: u64,
+    /// Ready sandboxes destroyed to make room for another template's pool or for a create.
+    pub evictions: u64,
+    /// Ready sandboxes destroyed unused within a minute of their restore, for any reason.
+    pub wasted: u64,
 }
 
 impl Phase {
@@ -101,6 +114,7 @@ impl Lifecycle {
             max_launches: self.limits.max_launches,
             golden_images_made,
             golden_images_failed,
+            pool_churn: self.pool_churn(),
             per_key: per_key
                 .into_iter()
                 .map(|(key, (running, paused))| (key, running, paused))

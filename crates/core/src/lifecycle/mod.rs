@@ -30,6 +30,7 @@ mod launches;
 mod load;
 pub mod metrics;
 mod parking;
+mod pool_plan;
 mod pools;
 mod recovery;
 mod registry;
@@ -39,7 +40,9 @@ mod start_cmd;
 mod tests;
 mod volume_use;
 
-pub use load::{memory_sized_max_sandboxes, HostLoad, PoolLoad, HOST_RESERVE_MB, IDLE_SANDBOX_MB};
+pub use load::{
+    memory_sized_max_sandboxes, HostLoad, PoolChurn, PoolLoad, HOST_RESERVE_MB, IDLE_SANDBOX_MB,
+};
 pub use recovery::{adoptable_policies, RecoveryReport};
 pub use sandbox::{Awake, Phase, Sandbox};
 
@@ -189,12 +192,18 @@ pub struct Limits {
     /// Pools are not refilled while the host has less memory available than this.
     pub pool_min_available_mb: u64,
     /// The most memory all pools' ready sandboxes may hold together (by their cgroups'
-    /// charge). A pool that would go over it takes a ready sandbox from the pool wanted least
-    /// lately, or stays as it is.
+    /// charge), shared out by `pool_plan`.
     pub pool_memory_mb: u64,
     /// A template's pool is emptied once nobody has created a sandbox of it for this long;
     /// its next create restores the golden image itself, and the pool is filled again.
     pub pool_idle: Duration,
+    /// How long a ready sandbox waits in its pool before it may be let go (its pool shrank, or
+    /// another template's needs the room): no restore is thrown away before it could serve a
+    /// create.
+    pub pool_min_age: Duration,
+    /// The pools' CPU budget: the most restores into pools per minute (half a minute's worth
+    /// may come at once).
+    pub pool_restores_per_min: u32,
     /// How long a template's ready command may take to succeed once its sandbox boots.
     pub ready_timeout: Duration,
     /// A running sandbox with no traffic for this long, in which nothing runs, is frozen until
@@ -243,6 +252,8 @@ impl Default for Limits {
             pool_min_available_mb: 2048,
             pool_memory_mb: 2048,
             pool_idle: Duration::from_secs(30 * 60),
+            pool_min_age: Duration::from_secs(60),
+            pool_restores_per_min: default_pool_restores_per_min(),
             ready_timeout: Duration::from_secs(300),
             freeze_after: Some(Duration::from_secs(1)),
             paused_memory_mb: 1024,
@@ -483,6 +494,12 @@ impl Lifecycle {
         all.sort_by(|a, b| (a.started_at_us, &a.id).cmp(&(b.started_at_us, &b.id)));
         all
     }
+}
+
+/// The default `pool_restores_per_min`: 20 a minute per core. A restore and its `/init` take
+/// about 0.1-0.2 s of CPU, so at most a few percent of the host's CPU goes to pools.
+pub fn default_pool_restores_per_min() -> u32 {
+    20 * host_cores() as u32
 }
 
 /// The host's cores (1 if unknown).

@@ -7,17 +7,21 @@
 //!
 //! A pool grows with demand: each create that finds it empty makes it keep one more (up to
 //! `pool_max`), so the next burst of creates finds them ready. It shrinks back by half each
-//! `pool_shrink_after` in which no create found it empty.
+//! `pool_shrink_after` in which no create found it empty. What each pool holds within the
+//! memory budget, and how fast pools are filled, is `pool_plan`'s decision.
 
 use super::checkpoint::checkpoint_error;
 use super::create::{Launch, Started};
 use super::launches::Turn;
+use super::load::IDLE_SANDBOX_MB;
+use super::pool_plan::{surplus, targets, PoolDemand, RestoreBudget};
 use super::{available_memory_mb, Lifecycle, LifecycleError, GOLDEN_PREFIX};
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::TemplateRecord;
 use airlock_wire::envd::InitRequest;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -31,9 +35,18 @@ pub(super) struct Pools {
     /// published.
     golden_turn: tokio::sync::Mutex<()>,
     /// Golden images made, and attempts that failed, since the server started.
-    goldens_made: std::sync::atomic::AtomicU64,
-    goldens_failed: std::sync::atomic::AtomicU64,
+    goldens_made: AtomicU64,
+    goldens_failed: AtomicU64,
+    /// Since the server started: restores into pools; ready sandboxes destroyed to make room
+    /// for another template's or a create; and ready sandboxes destroyed, for any reason,
+    /// within [`WASTED_WITHIN`] of being ready, none of which served a create.
+    restores: AtomicU64,
+    evictions: AtomicU64,
+    wasted: AtomicU64,
 }
+
+/// A ready sandbox destroyed unused sooner than this after its restore was a wasted restore.
+const WASTED_WITHIN: Duration = Duration::from_secs(60);
 
 /// A ready sandbox in its pool.
 struct Pooled {
@@ -41,6 +54,8 @@ struct Pooled {
     ready_at: Instant,
     /// It has settled and been frozen (or the freeze was tried): a create thaws it.
     settled: bool,
+    /// What it held once frozen (measured once: the pools' plan moves only with demand).
+    bytes: Option<u64>,
 }
 
 impl Pooled {
@@ -49,6 +64,7 @@ impl Pooled {
             started,
             ready_at: Instant::now(),
             settled: false,
+            bytes: None,
         }
     }
 }
@@ -64,6 +80,21 @@ struct Pool {
     extra: usize,
     /// When a create last found the pool empty, or `extra` was last halved.
     missed_at: Option<Instant>,
+    /// What one of its ready sandboxes holds, as last measured on settled ones.
+    each_bytes: Option<u64>,
+}
+
+impl Pool {
+    /// What its settled ready sandboxes hold on average, if any was measured.
+    fn settled_size(&self) -> Option<u64> {
+        let sizes: Vec<u64> = self.ready.iter().filter_map(|p| p.bytes).collect();
+        (!sizes.is_empty()).then(|| sizes.iter().sum::<u64>() / sizes.len() as u64)
+    }
+
+    /// What demand asks it to keep, before the memory budget and the room on the host.
+    fn grown(&self, pool_size: usize) -> usize {
+        pool_size + self.extra
+    }
 }
 
 /// The sandboxes all pools hold: ready ones and restores under way.
@@ -82,22 +113,21 @@ impl Pools {
         held(&self.lock())
     }
 
-    /// Takes a ready sandbox out of the pool wanted least lately. With `for_template`, only
-    /// from another pool, wanted less lately than that template's.
-    pub fn take_least_wanted(
-        &self,
-        for_template: Option<&TemplateName>,
-    ) -> Option<(TemplateName, Started)> {
+    /// Ready sandboxes and restores under way in one template's pool.
+    fn held_by(&self, template: &TemplateName) -> usize {
+        self.lock()
+            .get(template)
+            .map_or(0, |p| p.ready.len() + p.filling)
+    }
+
+    /// Takes a ready sandbox out of the pool wanted least lately.
+    fn take_least_wanted(&self) -> Option<(TemplateName, Pooled)> {
         let mut pools = self.lock();
-        let wanted = for_template.map(|t| (t, pools.get(t).and_then(|p| p.wanted_at)));
-        let victim = pools
+        let (name, pool) = pools
             .iter_mut()
             .filter(|(_, pool)| !pool.ready.is_empty())
-            .filter(|(name, pool)| {
-                wanted.is_none_or(|(t, wanted)| *name != t && pool.wanted_at < wanted)
-            })
-            .min_by_key(|(_, pool)| pool.wanted_at);
-        victim.and_then(|(name, pool)| Some((name.clone(), pool.ready.pop()?.started)))
+            .min_by_key(|(_, pool)| pool.wanted_at)?;
+        Some((name.clone(), pool.ready.remove(0)))
     }
 
     /// Every pooled sandbox, taken out of the pools.
@@ -142,7 +172,7 @@ impl Lifecycle {
                 template: template.clone(),
                 ready: pool.ready.len(),
                 filling: pool.filling,
-                keep: self.limits.pool_size + pool.extra,
+                keep: pool.grown(self.limits.pool_size),
             })
             .collect();
         loads.sort_by(|a, b| a.template.cmp(&b.template));
@@ -165,21 +195,26 @@ impl Lifecycle {
             pooled
         };
         self.refill.notify_one();
-        let Pooled {
-            started: pooled,
-            settled,
-            ..
-        } = pooled?;
-        if settled {
-            self.set_pooled_frozen(&pooled.id, false);
+        let pooled = pooled?;
+        if pooled.settled {
+            self.set_pooled_frozen(&pooled.started.id, false);
         }
-        if pooled.image.as_deref() != Some(self.golden_image(template).as_str()) {
+        if pooled.started.image.as_deref() != Some(self.golden_image(template).as_str()) {
             // Restored before the template was rebuilt.
-            self.destroying
-                .spawn(self.release(pooled.id, pooled.placement.slot));
+            self.discard_pooled(pooled);
             return None;
         }
-        Some(pooled)
+        Some(pooled.started)
+    }
+
+    /// Destroys a ready sandbox no create took, in the background (each takes seconds, and
+    /// other pools wait meanwhile), counting a restore wasted if it was that young.
+    fn discard_pooled(&self, pooled: Pooled) {
+        if pooled.ready_at.elapsed() < WASTED_WITHIN {
+            self.pools.wasted.fetch_add(1, Ordering::Relaxed);
+        }
+        let Started { id, placement, .. } = pooled.started;
+        self.destroying.spawn(self.release(id, placement.slot));
     }
 
     /// Puts back a pooled sandbox a create took from the template's pool and could not use
@@ -199,12 +234,12 @@ impl Lifecycle {
     /// way, from the pools wanted least lately.
     pub(super) fn pools_give_way(&self) {
         while self.sandboxes.occupying() + self.pools.count() > self.limits.max_sandboxes {
-            let Some((name, pooled)) = self.pools.take_least_wanted(None) else {
+            let Some((name, pooled)) = self.pools.take_least_wanted() else {
                 return;
             };
             tracing::info!(template = %name, "the server is at --max-sandboxes: a ready pooled sandbox gives way to a create");
-            self.destroying
-                .spawn(self.release(pooled.id, pooled.placement.slot));
+            self.pools.evictions.fetch_add(1, Ordering::Relaxed);
+            self.discard_pooled(pooled);
         }
     }
 
@@ -218,6 +253,7 @@ impl Lifecycle {
             if !pooled.settled && pooled.ready_at.elapsed() >= settle {
                 pooled.settled = true;
                 self.set_pooled_frozen(&pooled.started.id, true);
+                pooled.bytes = self.driver.memory_used(&pooled.started.id);
             }
         }
     }
@@ -230,12 +266,14 @@ impl Lifecycle {
         }
     }
 
-    /// Keeps every template's golden image made and its pool full, until `stop` fires.
+    /// Keeps every template's golden image made and its pool filled as planned, until `stop`
+    /// fires.
     pub async fn run_pools(self: Arc<Self>, stop: CancellationToken) {
         if self.limits.pool_size == 0 {
             return;
         }
         let mut announced = HashSet::new();
+        let mut restores = RestoreBudget::new(self.limits.pool_restores_per_min, Instant::now());
         loop {
             let templates = self
                 .store
@@ -244,6 +282,7 @@ impl Lifecycle {
                 .await
                 .unwrap_or_default();
             let pass_started = Instant::now();
+            let mut pooled = Vec::new();
             for template in &templates {
                 if stop.is_cancelled() {
                     return;
@@ -269,23 +308,17 @@ impl Lifecycle {
                 if announced.insert(golden.clone()) {
                     tracing::info!(template = %template.name, image = %golden, "golden image reused");
                 }
-                for surplus in self.shrink_pool(template) {
-                    self.destroying
-                        .spawn(self.release(surplus.id, surplus.placement.slot));
+                pooled.push((template, golden));
+            }
+            let plan = self.plan_pools(pooled.iter().map(|(t, _)| *t), pass_started);
+            for (i, target) in plan {
+                let (template, golden) = &pooled[i];
+                if !self
+                    .fill_pool(template, golden, target, &mut restores, &stop)
+                    .await
+                {
+                    break;
                 }
-                if let Some(unused) = self.idle_pool(template, pass_started) {
-                    if !unused.is_empty() {
-                        tracing::info!(template = %template.name, sandboxes = unused.len(), "emptying the pool of a template nobody created a sandbox of lately");
-                    }
-                    // In the background, as kills are: each takes seconds, and other
-                    // templates' pools wait meanwhile.
-                    for pooled in unused {
-                        self.destroying
-                            .spawn(self.release(pooled.id, pooled.placement.slot));
-                    }
-                    continue;
-                }
-                self.fill_pool(template, &golden, &stop).await;
             }
             tokio::select! {
                 _ = self.refill.notified() => {}
@@ -295,39 +328,74 @@ impl Lifecycle {
         }
     }
 
-    /// The ready sandboxes of a template nobody has wanted for `pool_idle`, taken out of its
-    /// pool (which stays empty until it is wanted again); `None` while it is wanted. A
-    /// template seen for the first time counts as wanted from the start of the pass that
-    /// found it (`pass_started`): templates found together are wanted alike, so the memory
-    /// budget does not move a ready sandbox from one to the next as the pass reaches them.
-    fn idle_pool(&self, template: &TemplateRecord, pass_started: Instant) -> Option<Vec<Started>> {
+    /// What each template's pool is meant to hold now ([`targets`]): the templates' indexes
+    /// and targets, the pool wanted most lately first. Pools shrink as demand fades, and give
+    /// up what they hold beyond their target (see [`surplus`]). A template seen for the
+    /// first time counts as wanted from the start of the pass that found it
+    /// (`pass_started`): templates found together are wanted alike.
+    fn plan_pools<'a>(
+        &self,
+        templates: impl Iterator<Item = &'a TemplateRecord>,
+        pass_started: Instant,
+    ) -> Vec<(usize, usize)> {
+        let templates: Vec<&TemplateRecord> = templates.collect();
+        let room = self
+            .limits
+            .max_sandboxes
+            .saturating_sub(self.sandboxes.occupying());
         let mut pools = self.pools.lock();
-        let pool = pools.entry(template.name.clone()).or_default();
-        let wanted_at = *pool.wanted_at.get_or_insert(pass_started);
-        (wanted_at.elapsed() >= self.limits.pool_idle).then(|| {
-            pool.extra = 0;
-            pool.ready.drain(..).map(|p| p.started).collect()
-        })
+        let demands: Vec<PoolDemand> = templates
+            .iter()
+            .map(|template| {
+                let pool = pools.entry(template.name.clone()).or_default();
+                let wanted_at = *pool.wanted_at.get_or_insert(pass_started);
+                let idle_for = wanted_at.elapsed();
+                if idle_for >= self.limits.pool_idle {
+                    pool.extra = 0;
+                }
+                self.decay(template, pool);
+                pool.each_bytes = pool.settled_size().or(pool.each_bytes);
+                let each_bytes = pool.each_bytes.unwrap_or(IDLE_SANDBOX_MB << 20);
+                let (size, idle_after) = (self.limits.pool_size, self.limits.pool_idle);
+                PoolDemand::new(idle_for, idle_after, size, pool.grown(size), each_bytes)
+            })
+            .collect();
+        let targets = targets(&demands, self.limits.pool_memory_mb << 20, room);
+        for ((template, demand), &target) in templates.iter().zip(&demands).zip(&targets) {
+            let pool = pools.get_mut(&template.name).expect("entered above");
+            let ages: Vec<Duration> = pool.ready.iter().map(|p| p.ready_at.elapsed()).collect();
+            let going = surplus(&ages, demand.keep, target, self.limits.pool_min_age);
+            let unkept = ages.len().saturating_sub(demand.keep).min(going);
+            if going == 0 {
+                continue;
+            }
+            if demand.keep == 0 {
+                tracing::info!(template = %template.name, sandboxes = going, "emptying the pool of a template nobody created a sandbox of lately");
+            } else if going > unkept {
+                tracing::info!(template = %template.name, sandboxes = going - unkept, "the pools' memory budget goes to templates wanted more lately: ready sandboxes give way");
+            }
+            let evicted = (going - unkept) as u64;
+            self.pools.evictions.fetch_add(evicted, Ordering::Relaxed);
+            for pooled in pool.ready.drain(..going).collect::<Vec<_>>() {
+                self.discard_pooled(pooled);
+            }
+        }
+        let mut plan: Vec<(usize, usize)> = targets.into_iter().enumerate().collect();
+        plan.sort_by_key(|&(i, _)| demands[i].idle_for);
+        plan
     }
 
     /// Halves what a pool keeps beyond `pool_size` once no create has found it empty for
-    /// `pool_shrink_after`; returns the ready sandboxes it no longer keeps.
-    fn shrink_pool(&self, template: &TemplateRecord) -> Vec<Started> {
-        let mut pools = self.pools.lock();
-        let Some(pool) = pools.get_mut(&template.name) else {
-            return Vec::new();
-        };
+    /// `pool_shrink_after`.
+    fn decay(&self, template: &TemplateRecord, pool: &mut Pool) {
         let calm = pool
             .missed_at
             .is_none_or(|at| at.elapsed() >= self.limits.pool_shrink_after);
         if pool.extra > 0 && calm {
             pool.extra /= 2;
             pool.missed_at = Some(Instant::now());
-            tracing::info!(template = %template.name, keep = self.limits.pool_size + pool.extra, "no create found the pool empty lately: it shrinks");
+            tracing::info!(template = %template.name, keep = pool.grown(self.limits.pool_size), "no create found the pool empty lately: it shrinks");
         }
-        let keep = self.limits.pool_size + pool.extra;
-        let surplus = pool.ready.len().saturating_sub(keep);
-        pool.ready.drain(..surplus).map(|p| p.started).collect()
     }
 
     /// Deletes golden images of templates as they were built before, of builds no tag names
@@ -386,18 +454,28 @@ impl Lifecycle {
                 Ok(()) => &self.pools.goldens_made,
                 Err(_) => &self.pools.goldens_failed,
             };
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         result
     }
 
     /// Golden images made and attempts that failed, since the server started.
     pub(super) fn golden_counts(&self) -> (u64, u64) {
-        let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
         (
             read(&self.pools.goldens_made),
             read(&self.pools.goldens_failed),
         )
+    }
+
+    /// What the pools restored and destroyed unused since the server started.
+    pub(super) fn pool_churn(&self) -> super::PoolChurn {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        super::PoolChurn {
+            restores: read(&self.pools.restores),
+            evictions: read(&self.pools.evictions),
+            wasted: read(&self.pools.wasted),
+        }
     }
 
     /// [`Lifecycle::make_golden`], uncounted.
@@ -441,35 +519,50 @@ impl Lifecycle {
         result
     }
 
-    /// Restores sandboxes from the golden image until the pool holds `pool_size` and its
-    /// `extra` (while the host has memory to spare, and within the pools' memory budget).
-    async fn fill_pool(&self, template: &TemplateRecord, golden: &str, stop: &CancellationToken) {
+    /// Restores sandboxes from the golden image until the pool holds `target`, while the host
+    /// has memory to spare, the pools' memory budget and the room under --max-sandboxes last,
+    /// and the restore budget has a token for each. Returns false once that budget is spent:
+    /// no other pool is filled this pass.
+    async fn fill_pool(
+        &self,
+        template: &TemplateRecord,
+        golden: &str,
+        target: usize,
+        restores: &mut RestoreBudget,
+        stop: &CancellationToken,
+    ) -> bool {
         loop {
+            // First, as it is cheap: most passes find every pool as planned. Only this task
+            // fills pools, so a pool below its target stays below until it does.
+            if self.pools.held_by(&template.name) >= target {
+                return true;
+            }
             if stop.is_cancelled() || available_memory_mb() < self.limits.pool_min_available_mb {
-                return;
+                return true;
             }
             // Refills yield to creates: while callers' launches wait or use every place, a
             // refill would only slow them (the pass comes back within seconds).
             if !self.launches.idle() {
-                return;
+                return true;
             }
-            if self.pooled_memory() >= self.limits.pool_memory_mb << 20
-                && !self.give_up_one_for(template).await
-            {
-                return;
+            // What the pools hold now only stops a fill: it never takes another pool's
+            // sandbox (the plan does that, from demand), so its ups and downs move nothing.
+            if self.pooled_memory() >= self.limits.pool_memory_mb << 20 {
+                return true;
             }
             // Pools fill only the room that running sandboxes leave under --max-sandboxes.
             if self.sandboxes.occupying() + self.pools.count() >= self.limits.max_sandboxes {
-                return;
+                return true;
             }
-            {
-                let mut pools = self.pools.lock();
-                let pool = pools.entry(template.name.clone()).or_default();
-                if pool.ready.len() + pool.filling >= self.limits.pool_size + pool.extra {
-                    return;
-                }
-                pool.filling += 1;
+            if !restores.try_take(Instant::now()) {
+                return false;
             }
+            self.pools
+                .lock()
+                .entry(template.name.clone())
+                .or_default()
+                .filling += 1;
+            self.pools.restores.fetch_add(1, Ordering::Relaxed);
             let id = SandboxId::generate();
             let result = self
                 .restore_golden(&id, template, golden, self.default_launch())
@@ -503,14 +596,14 @@ impl Lifecycle {
             match result {
                 // Creates took the room meanwhile (they do not wait for restores under way).
                 Ok(started) if occupying + pooled >= self.limits.max_sandboxes => {
-                    self.destroying
-                        .spawn(self.release(started.id, started.placement.slot));
-                    return;
+                    drop(pools);
+                    self.discard_pooled(Pooled::new(started));
+                    return true;
                 }
                 Ok(started) => pool.ready.push(Pooled::new(started)),
                 Err(e) => {
                     tracing::warn!(template = %template.name, error = %e, "filling the pool failed");
-                    return;
+                    return true;
                 }
             }
         }
@@ -527,17 +620,6 @@ impl Lifecycle {
         ids.iter()
             .filter_map(|id| self.driver.memory_used(id))
             .sum()
-    }
-
-    /// Releases a ready sandbox of the template that was wanted least lately, if it was
-    /// wanted less lately than `template`: so the budget goes to the templates in use.
-    async fn give_up_one_for(&self, template: &TemplateRecord) -> bool {
-        let Some((name, pooled)) = self.pools.take_least_wanted(Some(&template.name)) else {
-            return false;
-        };
-        tracing::info!(template = %name, for_template = %template.name, "the pools' memory budget is spent: a ready sandbox goes to a template wanted more lately");
-        self.release(pooled.id, pooled.placement.slot).await;
-        true
     }
 
     /// Restores a copy of the template's golden image as sandbox `id`. A copy whose agent never

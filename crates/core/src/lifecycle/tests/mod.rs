@@ -12,6 +12,7 @@ mod admission;
 mod freezer;
 mod launches;
 mod parking;
+mod pool_plan;
 mod shutdown;
 mod volume_caps;
 
@@ -35,6 +36,9 @@ struct RecordingDriver {
     delay: Duration,
     /// What `memory_used` says of every sandbox (0: unknown).
     memory_each: u64,
+    /// How far, up or down at random, each `memory_used` answer strays from `memory_each`, as
+    /// a cgroup's charge does.
+    memory_jitter: u64,
     /// Whether any sandbox was frozen at the last `set_egress`.
     egress_set_while_frozen: std::sync::atomic::AtomicBool,
     /// Whether a shutdown gave the host back what the driver changed.
@@ -136,7 +140,8 @@ impl Driver for RecordingDriver {
         Ok(())
     }
     fn memory_used(&self, _id: &SandboxId) -> Option<u64> {
-        (self.memory_each > 0).then_some(self.memory_each)
+        let jitter = self.memory_jitter * u64::from(rand::random::<bool>()) * 2;
+        (self.memory_each > 0).then(|| self.memory_each + jitter - self.memory_jitter)
     }
     fn usage(&self, _id: &SandboxId) -> Option<crate::driver::Usage> {
         None
