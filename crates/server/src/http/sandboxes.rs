@@ -131,15 +131,23 @@ impl TemplateNames {
         store: &Store,
         records: &[impl std::borrow::Borrow<SandboxRecord>],
     ) -> TemplateNames {
+        Self::of_builds(store, records.iter().map(|r| &r.borrow().template)).await
+    }
+
+    /// The names of the templates of `builds`, as sandboxes' records name them.
+    pub(crate) async fn of_builds(
+        store: &Store,
+        builds: impl Iterator<Item = &TemplateName>,
+    ) -> TemplateNames {
         let mut names = TemplateNames::default();
-        for r in records.iter().map(|r| r.borrow()) {
-            if names.0.contains_key(&r.template) {
+        for build in builds {
+            if names.0.contains_key(build) {
                 continue;
             }
-            let owner = store.templates().template_of_record(&r.template).await;
+            let owner = store.templates().template_of_record(build).await;
             if let Ok(Some(t)) = owner {
                 let named = (t.id.to_string(), t.alias.to_string());
-                names.0.insert(r.template.clone(), named);
+                names.0.insert(build.clone(), named);
             }
         }
         names
@@ -147,9 +155,14 @@ impl TemplateNames {
 
     /// The template's id and name.
     fn get(&self, r: &SandboxRecord) -> (String, String) {
-        match self.0.get(&r.template) {
+        self.of_build(&r.template)
+    }
+
+    /// The id and name of the template of `build`.
+    pub(crate) fn of_build(&self, build: &TemplateName) -> (String, String) {
+        match self.0.get(build) {
             Some(named) => named.clone(),
-            None => (r.template.to_string(), r.template.to_string()),
+            None => (build.to_string(), build.to_string()),
         }
     }
 }
@@ -229,17 +242,10 @@ pub(crate) fn detail_body(
 
 /// A sandbox's network settings as E2B reports them (`allowOut` and `denyOut` as normalised).
 fn network_body(r: &SandboxRecord) -> NetworkConfig {
-    let egress = &r.egress;
-    let allow_out: Vec<String> = egress
-        .allow_nets
-        .iter()
-        .map(ToString::to_string)
-        .chain(egress.allow_domains.iter().map(ToString::to_string))
-        .collect();
+    let (allow_out, deny_out) = (r.egress.allow_out(), r.egress.deny_out());
     NetworkConfig {
         allow_out: (!allow_out.is_empty()).then_some(allow_out),
-        deny_out: (!egress.deny_nets.is_empty())
-            .then(|| egress.deny_nets.iter().map(ToString::to_string).collect()),
+        deny_out: (!deny_out.is_empty()).then_some(deny_out),
         allow_public_traffic: Some(!r.require_traffic_token),
     }
 }
