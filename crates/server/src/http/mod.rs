@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod error;
 mod events;
+mod idempotency;
 mod logs;
 mod metrics;
 mod nodes;
