@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 
 mod builds;
 pub mod db;
+mod events;
+mod idempotency;
 mod keys;
 pub(crate) mod migrations;
 #[cfg(test)]
@@ -25,6 +27,8 @@ mod templates_tests;
 mod user_templates;
 mod volumes;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel};
+pub use events::{EventQuery, EventRecords, EventType, SandboxEvent, EVENT_RETENTION_US};
+pub use idempotency::{Claim, IdempotencyRecords};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
 pub use sandboxes::{PauseMode, SandboxRecord, SandboxRecords, SandboxState};
 pub use snapshots::{SnapshotRecord, SnapshotRecords};
@@ -79,6 +83,8 @@ pub struct Store {
     snapshots: SnapshotRecords,
     templates: Templates,
     volumes: VolumeRecords,
+    events: EventRecords,
+    idempotency: IdempotencyRecords,
 }
 
 impl Store {
@@ -105,6 +111,8 @@ impl Store {
             sandboxes: SandboxRecords::new(db.clone()),
             snapshots: SnapshotRecords::new(db.clone()),
             templates: Templates::new(db.clone()),
+            events: EventRecords::new(db.clone()),
+            idempotency: IdempotencyRecords::new(db.clone()),
             volumes: VolumeRecords::new(db.clone()),
             #[cfg(test)]
             db,
@@ -134,6 +142,16 @@ impl Store {
     /// The volumes' records, which gateways will read from PostgreSQL.
     pub fn volumes(&self) -> &VolumeRecords {
         &self.volumes
+    }
+
+    /// Sandboxes' lifecycle events.
+    pub fn events(&self) -> &EventRecords {
+        &self.events
+    }
+
+    /// The claims of creates sent with an `Idempotency-Key`.
+    pub fn idempotency(&self) -> &IdempotencyRecords {
+        &self.idempotency
     }
 
     /// The SQLite connection itself, for tests that write what older versions wrote.

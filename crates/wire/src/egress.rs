@@ -264,6 +264,18 @@ impl Egress {
         self.allow_nets.iter().any(|n| n.contains(ip))
             || !self.deny_nets.iter().any(|n| n.contains(ip))
     }
+
+    /// E2B's `allowOut`, normalised: the allowed networks, then the allowed domains.
+    pub fn allow_out(&self) -> Vec<String> {
+        let nets = self.allow_nets.iter().map(ToString::to_string);
+        nets.chain(self.allow_domains.iter().map(ToString::to_string))
+            .collect()
+    }
+
+    /// E2B's `denyOut`, normalised.
+    pub fn deny_out(&self) -> Vec<String> {
+        self.deny_nets.iter().map(ToString::to_string).collect()
+    }
 }
 
 fn ipv6_refused(entry: &str) -> String {

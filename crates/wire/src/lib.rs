@@ -8,6 +8,7 @@ pub mod api;
 pub mod connect;
 pub mod egress;
 pub mod envd;
+pub mod events;
 pub mod json;
 pub mod logs;
 pub mod nodes;

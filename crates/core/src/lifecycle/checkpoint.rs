@@ -7,7 +7,7 @@ use super::sandbox::{Phase, Sandbox};
 use super::{now_unix, paused_image, snapshot_image, CreateParams, Lifecycle, LifecycleError};
 use crate::driver::DriverError;
 use crate::ids::{SandboxId, TemplateName};
-use crate::store::{PauseMode, SandboxState, SnapshotRecord};
+use crate::store::{EventType, PauseMode, SandboxState, SnapshotRecord};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,6 +125,7 @@ impl Lifecycle {
             sandbox.park(parked);
             self.evict_parked();
         }
+        self.emit(&sandbox.record(), EventType::Paused, None);
         tracing::info!(sandbox = %record.id, mode = mode.as_str(), "paused");
         Ok(())
     }
@@ -211,6 +212,7 @@ impl Lifecycle {
             r.pause_mode = None;
         });
         sandbox.set_phase(Phase::Running, Some(placement));
+        self.emit(&sandbox.record(), EventType::Resumed, None);
         tracing::info!(sandbox = %record.id, "resumed");
         Ok(sandbox.clone())
     }
@@ -328,6 +330,9 @@ impl Lifecycle {
         }
         .await;
         sandbox.set_phase(Phase::Running, Some(placement));
+        if result.is_ok() {
+            self.emit(&record, EventType::Checkpointed, None);
+        }
         result
     }
 

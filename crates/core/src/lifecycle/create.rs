@@ -8,7 +8,9 @@ use super::{CreateParams, Lifecycle, LifecycleError};
 use crate::driver::{LaunchSpec, Placement, Resources, RootfsWrites};
 use crate::egress::Egress;
 use crate::ids::{random_token, SandboxId, TemplateName};
-use crate::store::{SandboxRecord, SandboxState, SnapshotRecord, TemplateDefaults, TemplateRecord};
+use crate::store::{
+    EventType, SandboxRecord, SandboxState, SnapshotRecord, TemplateDefaults, TemplateRecord,
+};
 use airlock_wire::envd::InitRequest;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -165,8 +167,9 @@ impl Lifecycle {
                 self.sandboxes.remove(&id);
                 Err(e)
             }
-        }
-        .map(|()| sandbox)
+        }?;
+        self.emit(&sandbox.record(), EventType::Created, None);
+        Ok(sandbox)
     }
 
     /// What a sandbox of `source` starts with: its template's user, workdir and env vars.
@@ -375,7 +378,7 @@ impl Lifecycle {
 
 /// Now in Unix microseconds, and always later than the last it gave: a sandbox's start orders
 /// the lists, so two creates of one server never tie, and the later one is the newer.
-fn start_stamp() -> i64 {
+pub(super) fn start_stamp() -> i64 {
     use std::sync::atomic::{AtomicI64, Ordering};
     static LAST: AtomicI64 = AtomicI64::new(0);
     let now = chrono::Utc::now().timestamp_micros();

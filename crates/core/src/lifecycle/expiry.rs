@@ -2,9 +2,9 @@
 //! and what happens when the deadline passes.
 
 use super::sandbox::{Phase, Sandbox};
-use super::{now_unix, Lifecycle, LifecycleError};
+use super::{events, now_unix, Lifecycle, LifecycleError};
 use crate::egress::Egress;
-use crate::store::PauseMode;
+use crate::store::{EventType, PauseMode};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -50,6 +50,8 @@ impl Lifecycle {
             .set_end_at(sandbox.id(), end_at)
             .await?;
         sandbox.update_record(|r| r.end_at = end_at);
+        let data = events::timeout_data(end_at);
+        self.emit(&sandbox.record(), EventType::Updated, Some(data));
         Ok(())
     }
 
@@ -115,6 +117,12 @@ impl Lifecycle {
             r.egress = egress;
             r.require_traffic_token = require;
         });
+        let record = sandbox.record();
+        self.emit(
+            &record,
+            EventType::Updated,
+            Some(events::network_data(&record)),
+        );
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 use super::sandbox::{Phase, Sandbox};
 use super::{paused_image, Lifecycle, LifecycleError, OnExit};
 use crate::ids::SandboxId;
+use crate::store::EventType;
 
 impl Lifecycle {
     /// Kills a sandbox, running or paused: it is gone for every caller at once, and its open
@@ -26,6 +27,7 @@ impl Lifecycle {
         let runtime = placement.or_else(|| sandbox.take_parked().map(|p| p.placement));
         sandbox.set_phase(Phase::Stopping, None);
         self.sandboxes.remove(sandbox.id());
+        self.emit(&sandbox.record(), EventType::Killed, None);
         let id = sandbox.id().clone();
         if placement.is_none() {
             let driver = self.driver.clone();
@@ -106,6 +108,7 @@ impl Lifecycle {
             self.destroying.spawn(self.release(p.id, p.placement.slot));
         }
         self.settle().await;
+        self.flush_events().await;
         if left_running == 0 {
             self.driver.shutdown().await;
         }

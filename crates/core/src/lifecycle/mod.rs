@@ -23,6 +23,7 @@
 
 mod checkpoint;
 mod create;
+mod events;
 mod expiry;
 mod freezer;
 mod kill;
@@ -355,6 +356,8 @@ pub struct Lifecycle {
     /// cleanup is done).
     destroying: TaskTracker,
     metrics: metrics::Metrics,
+    /// Lifecycle events not yet written.
+    journal: events::Journal,
 }
 
 pub fn now_unix() -> i64 {
@@ -395,6 +398,7 @@ impl Lifecycle {
             refill: Notify::new(),
             destroying: TaskTracker::new(),
             metrics: metrics::Metrics::default(),
+            journal: events::Journal::default(),
         })
     }
 

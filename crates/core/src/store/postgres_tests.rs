@@ -157,3 +157,22 @@ async fn a_refused_password_is_an_error_not_unavailable() {
     let err = keys.live("00").await.unwrap_err();
     assert!(!err.is_unavailable(), "{err:?}");
 }
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_events_as_sqlite_does() {
+    in_a_new_schema(
+        |db| async move { super::events::behaves(&super::EventRecords::new(db)).await },
+    )
+    .await;
+}
+
+/// Concurrent claims on many connections, as gateways make them: one create wins a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_claims_idempotency_keys_as_sqlite_does() {
+    in_a_new_schema(|db| async move {
+        super::idempotency::behaves(&super::IdempotencyRecords::new(db)).await
+    })
+    .await;
+}

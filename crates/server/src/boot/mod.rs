@@ -119,6 +119,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         opts.limits,
         volumes.clone(),
     );
+    tokio::spawn(lifecycle.run_events());
     let builder = Builder::new(
         store.clone(),
         driver,

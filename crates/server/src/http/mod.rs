@@ -4,6 +4,8 @@
 
 pub mod auth;
 pub mod error;
+mod events;
+mod idempotency;
 mod logs;
 mod metrics;
 mod nodes;
@@ -89,6 +91,8 @@ pub fn routes(state: AppState) -> Router<AppState> {
         )
         .route("/templates/tags", post(tags::assign).delete(tags::remove))
         .route("/templates/{id}/tags", get(tags::list))
+        .route("/events/sandboxes", get(events::of_key))
+        .route("/events/sandboxes/{id}", get(events::of_sandbox))
         .route("/volumes", post(volumes::create).get(volumes::list))
         .route("/volumes/{id}", get(volumes::info).delete(volumes::destroy))
         .route_layer(axum::middleware::from_fn_with_state(

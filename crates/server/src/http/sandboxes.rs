@@ -3,6 +3,7 @@
 
 use crate::http::auth::{Caller, Owned};
 use crate::http::error::{ApiError, JsonBody};
+use crate::http::idempotency;
 use crate::http::validate::{check_map, parse_metadata_filter};
 use crate::AppState;
 use airlock_core::egress::Egress;
@@ -16,7 +17,7 @@ use airlock_wire::api::{
 };
 use airlock_wire::ENVD_VERSION;
 use axum::extract::{Extension, Query, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::collections::{BTreeMap, HashMap};
@@ -26,14 +27,55 @@ use std::time::Duration;
 /// Largest `limit` a list call may ask for.
 const MAX_PAGE: usize = 1000;
 
-/// A create, counted and timed for the operator's metrics.
+/// Which create route was called: v1 takes `secure`, v2 secures every sandbox.
+#[derive(Clone, Copy)]
+enum Route {
+    V1,
+    V2,
+}
+
+/// A create, once per `Idempotency-Key` if the request has one.
 async fn create(
-    state: &AppState,
+    state: AppState,
     caller: Caller,
-    body: NewSandbox,
-    secure: bool,
+    headers: &HeaderMap,
+    route: Route,
+    body: serde_json::Value,
 ) -> Result<Response, ApiError> {
-    let created = start_sandbox(state, caller, body, secure);
+    let Some(key) = idempotency::key(headers)? else {
+        let sandbox = timed_create(state, caller, route, body).await?;
+        return Ok((StatusCode::CREATED, Json(sandbox)).into_response());
+    };
+    let name = match route {
+        Route::V1 => "v1",
+        Route::V2 => "v2",
+    };
+    let fingerprint = idempotency::fingerprint(name, &body);
+    let claims = state.store.idempotency().clone();
+    let owner = caller.0.clone();
+    let create = async move {
+        let sandbox = timed_create(state, caller, route, body).await?;
+        Ok(serde_json::to_string(&sandbox).expect("a sandbox serializes"))
+    };
+    let answer = idempotency::once(&claims, &owner, &key, &fingerprint, create).await?;
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    Ok((StatusCode::CREATED, json, answer).into_response())
+}
+
+/// A create, counted and timed for the operator's metrics.
+async fn timed_create(
+    state: AppState,
+    caller: Caller,
+    route: Route,
+    body: serde_json::Value,
+) -> Result<Sandbox, ApiError> {
+    let body: NewSandbox = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let secure = match route {
+        Route::V1 => body.secure.unwrap_or(false),
+        Route::V2 => true,
+    };
+    let created = start_sandbox(&state, caller, body, secure);
     state.verbs.timed("create", created).await
 }
 
@@ -42,7 +84,7 @@ async fn start_sandbox(
     caller: Caller,
     body: NewSandbox,
     secure: bool,
-) -> Result<Response, ApiError> {
+) -> Result<Sandbox, ApiError> {
     if body.template_id.is_empty() {
         return Err(ApiError::bad_request("templateID is required"));
     }
@@ -95,29 +137,25 @@ async fn start_sandbox(
                 .collect(),
         })
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox_body(state, &sandbox.record()).await),
-    )
-        .into_response())
+    Ok(sandbox_body(state, &sandbox.record()).await)
 }
 
 pub(crate) async fn create_v2(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    JsonBody(body): JsonBody<NewSandbox>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    // v2 has no `secure` field: every sandbox is secured.
-    create(&state, caller, body, true).await
+    create(state, caller, &headers, Route::V2, body).await
 }
 
 pub(crate) async fn create_v1(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    JsonBody(body): JsonBody<NewSandbox>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let secure = body.secure.unwrap_or(false);
-    create(&state, caller, body, secure).await
+    create(state, caller, &headers, Route::V1, body).await
 }
 
 /// Sandboxes' templates as answers name them: the id and name of the user template whose
@@ -131,15 +169,23 @@ impl TemplateNames {
         store: &Store,
         records: &[impl std::borrow::Borrow<SandboxRecord>],
     ) -> TemplateNames {
+        Self::of_builds(store, records.iter().map(|r| &r.borrow().template)).await
+    }
+
+    /// The names of the templates of `builds`, as sandboxes' records name them.
+    pub(crate) async fn of_builds(
+        store: &Store,
+        builds: impl Iterator<Item = &TemplateName>,
+    ) -> TemplateNames {
         let mut names = TemplateNames::default();
-        for r in records.iter().map(|r| r.borrow()) {
-            if names.0.contains_key(&r.template) {
+        for build in builds {
+            if names.0.contains_key(build) {
                 continue;
             }
-            let owner = store.templates().template_of_record(&r.template).await;
+            let owner = store.templates().template_of_record(build).await;
             if let Ok(Some(t)) = owner {
                 let named = (t.id.to_string(), t.alias.to_string());
-                names.0.insert(r.template.clone(), named);
+                names.0.insert(build.clone(), named);
             }
         }
         names
@@ -147,9 +193,14 @@ impl TemplateNames {
 
     /// The template's id and name.
     fn get(&self, r: &SandboxRecord) -> (String, String) {
-        match self.0.get(&r.template) {
+        self.of_build(&r.template)
+    }
+
+    /// The id and name of the template of `build`.
+    pub(crate) fn of_build(&self, build: &TemplateName) -> (String, String) {
+        match self.0.get(build) {
             Some(named) => named.clone(),
-            None => (r.template.to_string(), r.template.to_string()),
+            None => (build.to_string(), build.to_string()),
         }
     }
 }
@@ -229,17 +280,10 @@ pub(crate) fn detail_body(
 
 /// A sandbox's network settings as E2B reports them (`allowOut` and `denyOut` as normalised).
 fn network_body(r: &SandboxRecord) -> NetworkConfig {
-    let egress = &r.egress;
-    let allow_out: Vec<String> = egress
-        .allow_nets
-        .iter()
-        .map(ToString::to_string)
-        .chain(egress.allow_domains.iter().map(ToString::to_string))
-        .collect();
+    let (allow_out, deny_out) = (r.egress.allow_out(), r.egress.deny_out());
     NetworkConfig {
         allow_out: (!allow_out.is_empty()).then_some(allow_out),
-        deny_out: (!egress.deny_nets.is_empty())
-            .then(|| egress.deny_nets.iter().map(ToString::to_string).collect()),
+        deny_out: (!deny_out.is_empty()).then_some(deny_out),
         allow_public_traffic: Some(!r.require_traffic_token),
     }
 }

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 mod admission;
+mod events;
 mod freezer;
 mod launches;
 mod parking;

@@ -78,9 +78,10 @@ fn restores_follow_the_budget_however_often_pools_ask() {
 }
 
 /// Another template of base's root filesystem, with its golden image.
-fn add_template(store: &Store, driver: &RecordingDriver, dir: &std::path::Path, name: &str) {
+async fn add_template(store: &Store, driver: &RecordingDriver, dir: &std::path::Path, name: &str) {
     store
-        .put_template(&TemplateRecord {
+        .templates()
+        .put(&TemplateRecord {
             name: TemplateName::parse(name).unwrap(),
             content_hash: "h".into(),
             rootfs: dir.join("rootfs"),
@@ -89,6 +90,7 @@ fn add_template(store: &Store, driver: &RecordingDriver, dir: &std::path::Path, 
             layers: Vec::new(),
             defaults: TemplateDefaults::default(),
         })
+        .await
         .unwrap();
     driver
         .images
@@ -112,9 +114,9 @@ async fn a_burst_takes_no_other_pools_sandboxes_and_pools_then_hold_still() {
         pool_min_available_mb: 0,
         ..Limits::default()
     };
-    let (dir, store, lc) = setup(driver.clone(), limits);
+    let (dir, store, lc) = setup(driver.clone(), limits).await;
     for name in ["base", "t1", "t2"] {
-        add_template(&store, &driver, dir.path(), name);
+        add_template(&store, &driver, dir.path(), name).await;
     }
     let stop = tokio_util::sync::CancellationToken::new();
     let pools = tokio::spawn(lc.clone().run_pools(stop.clone()));

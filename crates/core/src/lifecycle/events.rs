@@ -1,0 +1,128 @@
+//! Sandboxes' lifecycle events, recorded as verbs succeed. A verb only queues its event; one
+//! task writes the queue in order ([`Lifecycle::run_events`]), so no verb waits for the
+//! database or fails with it, and a read that flushes first sees every verb answered before.
+
+use super::Lifecycle;
+use crate::store::{EventType, SandboxEvent, SandboxRecord, Store, EVENT_RETENTION_US};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// The longest a read waits for the events queued before it to be written.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// How often events past their retention are forgotten.
+const PURGE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Tries at writing one event before it is given up (the database stayed unreachable).
+const WRITE_ATTEMPTS: u32 = 5;
+
+/// The queue of events not yet written, and how far its writer got.
+pub(super) struct Journal {
+    queue: mpsc::UnboundedSender<SandboxEvent>,
+    /// Taken by the writer when it starts.
+    unwritten: Mutex<Option<mpsc::UnboundedReceiver<SandboxEvent>>>,
+    queued: AtomicU64,
+    /// How many events the writer is done with (written or given up).
+    done: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        let (queue, unwritten) = mpsc::unbounded_channel();
+        Journal {
+            queue,
+            unwritten: Mutex::new(Some(unwritten)),
+            queued: AtomicU64::new(0),
+            done: Arc::new(watch::Sender::new(0)),
+        }
+    }
+}
+
+/// E2B's `eventData` of an update that moved the deadline to `end_at` (Unix seconds).
+pub(super) fn timeout_data(end_at: i64) -> serde_json::Value {
+    let at = chrono::DateTime::from_timestamp(end_at, 0).unwrap_or_default();
+    serde_json::json!({ "set_timeout": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true) })
+}
+
+/// The `eventData` of an update of the network settings: the new ones, as the API shows them.
+pub(super) fn network_data(r: &SandboxRecord) -> serde_json::Value {
+    serde_json::json!({ "set_network": {
+        "allowOut": r.egress.allow_out(),
+        "denyOut": r.egress.deny_out(),
+        "allowPublicTraffic": !r.require_traffic_token,
+    }})
+}
+
+impl Lifecycle {
+    /// Records that `kind` happened to the sandbox `r` now. A sandbox without an owner has no
+    /// events: no key could read them.
+    pub(super) fn emit(&self, r: &SandboxRecord, kind: EventType, data: Option<serde_json::Value>) {
+        let Some(owner) = &r.owner else { return };
+        let event = SandboxEvent {
+            id: uuid::Uuid::new_v4().to_string(),
+            owner: owner.clone(),
+            sandbox_id: r.id.to_string(),
+            kind,
+            at_us: super::create::start_stamp(),
+            build_id: r.template.to_string(),
+            data,
+        };
+        self.journal.queued.fetch_add(1, Ordering::SeqCst);
+        // Only fails once the writer's runtime is gone, when nothing reads events any more.
+        let _ = self.journal.queue.send(event);
+    }
+
+    /// Waits (a while) until the events queued so far are written.
+    pub async fn flush_events(&self) {
+        let queued = self.journal.queued.load(Ordering::SeqCst);
+        let mut done = self.journal.done.subscribe();
+        let _ = tokio::time::timeout(FLUSH_WAIT, done.wait_for(|n| *n >= queued)).await;
+    }
+
+    /// The writer: writes queued events in order, and hourly forgets those past retention.
+    /// Runs for the process's life (the events of the last kills at a stop are written too).
+    pub fn run_events(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let unwritten = self
+            .journal
+            .unwritten
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let (store, done) = (self.store.clone(), self.journal.done.clone());
+        async move {
+            let Some(mut unwritten) = unwritten else {
+                return; // another writer runs
+            };
+            let mut next_purge = tokio::time::Instant::now();
+            while let Some(event) = unwritten.recv().await {
+                write(&store, &event).await;
+                done.send_modify(|n| *n += 1);
+                if tokio::time::Instant::now() >= next_purge {
+                    next_purge += PURGE_EVERY;
+                    let cutoff = chrono::Utc::now().timestamp_micros() - EVENT_RETENTION_US;
+                    if let Err(e) = store.events().forget_before(cutoff).await {
+                        tracing::warn!(error = %e, "forgetting old sandbox events failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes one event, trying again while the database does not answer.
+async fn write(store: &Store, event: &SandboxEvent) {
+    for attempt in 1..=WRITE_ATTEMPTS {
+        match store.events().put(event).await {
+            Ok(()) => return,
+            Err(e) if attempt < WRITE_ATTEMPTS && e.is_unavailable() => {
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await
+            }
+            Err(e) => {
+                tracing::error!(sandbox = %event.sandbox_id, kind = event.kind.as_str(), error = %e, "recording a lifecycle event failed");
+                return;
+            }
+        }
+    }
+}
