@@ -61,11 +61,12 @@ impl IdempotencyRecords {
             )
             .await?;
         let params: [Value; 4] = [owner.into(), key.into(), fingerprint.into(), now.into()];
-        // A claim released between the insert and the read is claimed again.
+        // A claim released between the insert and the read is claimed again. The conflict
+        // alone decides between concurrent claims: one insert wins, the others change nothing.
         loop {
             let won = self
                 .db
-                .admit(
+                .execute(
                     "INSERT INTO idempotent_creates (owner, key, fingerprint, claimed_at)
                      VALUES ($1, $2, $3, $4) ON CONFLICT (owner, key) DO NOTHING",
                     &params,
