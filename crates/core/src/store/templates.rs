@@ -80,6 +80,22 @@ fn record(row: &Row) -> Result<TemplateRecord, StoreError> {
 const RECORD_COLUMNS: &str =
     "name, content_hash, rootfs, built_at, size_bytes, layers, defaults FROM templates";
 
+/// A bare record for tests: no layers, the default user, built at 0.
+#[cfg(test)]
+impl TemplateRecord {
+    pub(crate) fn bare(name: &str, content_hash: &str, rootfs: PathBuf) -> TemplateRecord {
+        TemplateRecord {
+            name: TemplateName::parse(name).unwrap(),
+            content_hash: content_hash.into(),
+            rootfs,
+            built_at: 0,
+            size_bytes: 0,
+            layers: Vec::new(),
+            defaults: TemplateDefaults::default(),
+        }
+    }
+}
+
 impl Templates {
     pub fn new(db: Db) -> Templates {
         Templates { db }

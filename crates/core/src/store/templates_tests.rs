@@ -55,17 +55,10 @@ async fn build(t: &Templates, template: &str, id: &str, tags: &[&str], ok: bool,
 }
 
 async fn record(t: &Templates, as_name: &str) {
-    t.put(&TemplateRecord {
-        name: name(as_name),
-        content_hash: as_name.into(),
-        rootfs: format!("/t/{as_name}").into(),
-        built_at: 0,
-        size_bytes: 0,
-        layers: Vec::new(),
-        defaults: TemplateDefaults::default(),
-    })
-    .await
-    .unwrap();
+    let rootfs = format!("/t/{as_name}").into();
+    t.put(&TemplateRecord::bare(as_name, as_name, rootfs))
+        .await
+        .unwrap();
 }
 
 /// The record name `reference` starts for `owner`.

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::driver::{LaunchSpec, Placement};
-use crate::store::{PauseMode, SandboxState, TemplateDefaults, TemplateRecord};
+use crate::store::{PauseMode, SandboxState, TemplateRecord};
 use crate::volumes::VolumeLimits;
 use airlock_wire::logs::LogLevel;
 use std::collections::{HashMap, HashSet};
@@ -264,15 +264,11 @@ async fn setup_with_agent(
     let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
     store
         .templates()
-        .put(&TemplateRecord {
-            name: TemplateName::parse("base").unwrap(),
-            content_hash: "h".into(),
-            rootfs: dir.path().join("rootfs"),
-            built_at: 0,
-            size_bytes: 0,
-            layers: Vec::new(),
-            defaults: TemplateDefaults::default(),
-        })
+        .put(&TemplateRecord::bare(
+            "base",
+            "h",
+            dir.path().join("rootfs"),
+        ))
         .await
         .unwrap();
     let volumes = test_volumes(&store, driver.clone(), dir.path());

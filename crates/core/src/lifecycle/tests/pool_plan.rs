@@ -81,15 +81,7 @@ fn restores_follow_the_budget_however_often_pools_ask() {
 async fn add_template(store: &Store, driver: &RecordingDriver, dir: &std::path::Path, name: &str) {
     store
         .templates()
-        .put(&TemplateRecord {
-            name: TemplateName::parse(name).unwrap(),
-            content_hash: "h".into(),
-            rootfs: dir.join("rootfs"),
-            built_at: 0,
-            size_bytes: 0,
-            layers: Vec::new(),
-            defaults: TemplateDefaults::default(),
-        })
+        .put(&TemplateRecord::bare(name, "h", dir.join("rootfs")))
         .await
         .unwrap();
     driver
