@@ -1,7 +1,7 @@
 //! State in one database: sandboxes, templates, snapshots, volumes and API keys, each table
 //! with one owner ([`SandboxRecords`], [`Templates`], [`SnapshotRecords`], [`VolumeRecords`],
-//! [`Keys`]) on [`db::Db`], which is a SQLite file under the data dir for one box and will be
-//! PostgreSQL for many machines.
+//! [`Keys`]) on [`db::Db`], which is a SQLite file under the data dir for one box
+//! ([`Store::open`]) and PostgreSQL for many machines ([`Store::connect`]).
 //!
 //! Every write is one statement or one transaction, so a `kill -9` at any point leaves a
 //! consistent file.
@@ -105,8 +105,18 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrations::migrate(&mut conn)?;
-        let db = db::Db::Sqlite(Arc::new(Mutex::new(conn)));
-        Ok(Store {
+        Ok(Store::on(db::Db::Sqlite(Arc::new(Mutex::new(conn)))))
+    }
+
+    /// Connects to the PostgreSQL that `url` names (`postgres://user:password@host/db`, or
+    /// `host=... user=...` pairs) and brings its schema up to date.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let config: tokio_postgres::Config = url.parse()?;
+        Ok(Store::on(db::Db::migrated_postgres(config).await?))
+    }
+
+    fn on(db: db::Db) -> Store {
+        Store {
             keys: Keys::new(db.clone()),
             sandboxes: SandboxRecords::new(db.clone()),
             snapshots: SnapshotRecords::new(db.clone()),
@@ -116,7 +126,7 @@ impl Store {
             volumes: VolumeRecords::new(db.clone()),
             #[cfg(test)]
             db,
-        })
+        }
     }
 
     /// The API keys, which gateways will read from PostgreSQL.

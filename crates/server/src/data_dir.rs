@@ -8,6 +8,7 @@
 //! with what to fix.
 //! New directories are made 0700 and the database and key files 0600.
 
+use airlock_core::store::Store;
 use anyhow::{bail, Context};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -59,6 +60,24 @@ impl DataDir {
     pub fn db(&self) -> PathBuf {
         self.root.join("airlock.db")
     }
+
+    /// The state: the data dir's own SQLite file (one box), or the PostgreSQL that `database`
+    /// names (`--database`, for many machines).
+    pub async fn store(&self, database: Option<&str>) -> anyhow::Result<Store> {
+        match database {
+            None => Store::open(&self.db()).context("opening the state database"),
+            Some(url) => Store::connect(url)
+                .await
+                .context("opening the state database in the PostgreSQL that --database names"),
+        }
+    }
+
+    /// What a data dir whose state is in PostgreSQL names in the templates dir's list of
+    /// databases: a file that is no database, so that no other data dir's collector can tell
+    /// which template files it uses, and so collects none while it exists.
+    fn postgres_marker(&self) -> PathBuf {
+        self.root.join("state-in-postgres")
+    }
     pub fn templates(&self) -> &Path {
         &self.templates
     }
@@ -76,11 +95,28 @@ impl DataDir {
     /// Every data dir's database that keeps its templates in this one's templates dir, this
     /// one's first. The templates dir records them (`databases`, a path a line): this one is
     /// added, and those that no longer exist are dropped. Collecting unused layers must heed
-    /// what every one of them uses.
-    pub fn databases_sharing_templates(&self) -> anyhow::Result<Vec<PathBuf>> {
+    /// what every one of them uses. One `on_postgres` is named by its marker file.
+    pub fn databases_sharing_templates(&self, on_postgres: bool) -> anyhow::Result<Vec<PathBuf>> {
         let record = self.templates.join("databases");
         let known = std::fs::read_to_string(&record).unwrap_or_default();
-        let own = self.db();
+        let own = if on_postgres {
+            let marker = self.postgres_marker();
+            std::fs::write(
+                &marker,
+                "This data dir keeps its state in PostgreSQL (airlock serve --database).\n",
+            )
+            .with_context(|| format!("writing {}", marker.display()))?;
+            marker
+        } else {
+            // Back on its own file, it names that again (see `postgres_marker`).
+            match std::fs::remove_file(self.postgres_marker()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).context("removing the PostgreSQL marker")
+                }
+                _ => {}
+            }
+            self.db()
+        };
         let mut all = vec![own.clone()];
         all.extend(
             known

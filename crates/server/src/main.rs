@@ -38,6 +38,17 @@ struct Cli {
     /// templates are keyed by their recipe's hash, so several data dirs can share one.
     #[arg(long, global = true, env = "AIRLOCK_TEMPLATES_DIR")]
     templates_dir: Option<PathBuf>,
+    /// The PostgreSQL that keeps the state when several machines share it, as
+    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (or `host=... user=...` pairs); used by
+    /// `serve`, `key` and `template ls`. Its schema is brought up to date at once. Without
+    /// it, the state is the data dir's own SQLite file.
+    #[arg(
+        long,
+        global = true,
+        env = "AIRLOCK_DATABASE_URL",
+        hide_env_values = true
+    )]
+    database: Option<String>,
     /// The server to talk to (client commands).
     #[arg(
         long,
@@ -487,6 +498,7 @@ async fn run(cli: Cli) -> ExitCode {
                 prepare_only,
                 domain,
                 node_name: node_name.unwrap_or_else(host_node_name),
+                database: cli.database.clone(),
                 on_exit: if stop_sandboxes_on_exit {
                     OnExit::StopSandboxes
                 } else {
@@ -528,6 +540,11 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Node(cmd) => cli::node(cmd, client()).await,
+        Command::Install { .. } if cli.database.is_some() => Err(cli::CliError::Failed(
+            "airlock install sets up one box on its own SQLite file; a server on PostgreSQL \
+             (--database) is started by your own service manager (see docs/design.md)"
+                .into(),
+        )),
         Command::Install {
             listen,
             metrics_listen,
@@ -571,7 +588,7 @@ async fn run(cli: Cli) -> ExitCode {
             cli::TemplateJob::Build(build) => cli::template_build(client(), build).await,
             cli::TemplateJob::List { json } => {
                 match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
-                    Ok(data) => cli::template_ls(&data, json).await,
+                    Ok(data) => cli::template_ls(&data, cli.database.as_deref(), json).await,
                     Err(e) => Err(e),
                 }
             }
@@ -582,7 +599,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
         Command::Key(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
-            Ok(data) => cli::key(cmd, &data).await,
+            Ok(data) => cli::key(cmd, &data, cli.database.as_deref()).await,
             Err(e) => Err(e),
         },
         Command::Run {

@@ -63,7 +63,21 @@ impl Lifecycle {
                 .map_err(|e| LifecycleError::GuestUnresponsive(format!("{e}; not paused")))?;
         }
         let quota = self.quota(sandbox.owner()).await?;
-        self.sandboxes.begin_pause(sandbox, &quota)?;
+        self.admit_pause(sandbox, &quota).await?;
+        let paused = self.save_paused(sandbox, placement, mode).await;
+        if paused.is_err() {
+            self.end_transition(sandbox.id()).await;
+        }
+        paused
+    }
+
+    /// The rest of a pause once admitted: on failure the sandbox runs on as it was.
+    async fn save_paused(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        placement: crate::driver::Placement,
+        mode: PauseMode,
+    ) -> Result<(), LifecycleError> {
         sandbox.cut_streams();
         let record = sandbox.record();
         let image = paused_image(&record.id);
@@ -151,8 +165,22 @@ impl Lifecycle {
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         }
         let quota = self.quota(sandbox.owner()).await?;
-        self.sandboxes
-            .admit_resume(&sandbox, self.limits.max_sandboxes, &quota)?;
+        self.admit_resume(&sandbox, &quota).await?;
+        let resumed = self.restore_paused(&sandbox, timeout, how).await;
+        if resumed.is_err() {
+            self.end_transition(sandbox.id()).await;
+        }
+        resumed
+    }
+
+    /// The rest of a resume once admitted: on failure the sandbox stays paused as it was.
+    async fn restore_paused(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        timeout: Duration,
+        how: PauseMode,
+    ) -> Result<Arc<Sandbox>, LifecycleError> {
+        let id = sandbox.id().as_str();
         self.pools_give_way();
         let record = sandbox.record();
         let launch = self.launch_of(&record);
@@ -165,7 +193,7 @@ impl Lifecycle {
             return Err(LifecycleError::ImageGone(id.to_owned()));
         }
         let thawed = match sandbox.take_parked() {
-            Some(parked) => self.unpark(&sandbox, parked).await,
+            Some(parked) => self.unpark(sandbox, parked).await,
             None => None,
         };
         let brought_up = match thawed {
@@ -182,7 +210,7 @@ impl Lifecycle {
         };
         let saved = record.pause_mode.unwrap_or_default();
         let rebooted = if saved == PauseMode::Filesystem || how == PauseMode::Filesystem {
-            self.reboot(&sandbox, placement.agent, saved).await
+            self.reboot(sandbox, placement.agent, saved).await
         } else {
             Ok(())
         };

@@ -131,15 +131,13 @@ impl Lifecycle {
         };
         let mut record = new_record(id.clone(), name, rootfs, resources, timeout, params);
         record.volume_mounts = volume_mounts;
+        record.node = self.node.clone();
         // The template's env vars, under the create's own.
         let mut env = defaults.env.clone();
         env.append(&mut record.env_vars);
         record.env_vars = env;
         let sandbox = Sandbox::new(record, Phase::Starting, None);
-        if let Err(e) = self
-            .sandboxes
-            .admit(sandbox.clone(), self.limits.max_sandboxes, &quota)
-        {
+        if let Err(e) = self.admit_create(&sandbox, &quota).await {
             if let (Some(pooled), Source::Template(t)) = (pooled, &source) {
                 self.return_pooled(&t.name, pooled);
             }
@@ -164,7 +162,7 @@ impl Lifecycle {
         match started {
             Ok(started) => self.claim(&sandbox, started, &defaults).await,
             Err(e) => {
-                self.sandboxes.remove(&id);
+                self.forget_create(&id).await;
                 Err(e)
             }
         }?;
@@ -333,15 +331,12 @@ impl Lifecycle {
     ) -> Result<(), LifecycleError> {
         let id = sandbox.id().clone();
         let slot = started.placement.slot;
-        let failed = |e: LifecycleError| {
-            self.sandboxes.remove(&id);
-            Err(e)
-        };
         let egress = sandbox.record().egress.clone();
         if started.egress != egress {
             if let Err(e) = self.driver.set_egress(slot, &egress).await {
                 self.release(started.id, slot).await;
-                return failed(LifecycleError::Driver(e));
+                self.forget_create(&id).await;
+                return Err(LifecycleError::Driver(e));
             }
         }
         sandbox.update_record(|r| {
@@ -349,9 +344,11 @@ impl Lifecycle {
             r.rootfs = started.rootfs.clone();
         });
         let record = sandbox.record();
-        if let Err(e) = self.store.sandboxes().insert(&record).await {
+        let listed = self.store.sandboxes().started(&id, slot, &record.rootfs);
+        if let Err(e) = listed.await {
             self.release(started.id, slot).await;
-            return failed(e.into());
+            self.forget_create(&id).await;
+            return Err(e.into());
         }
         let init = InitRequest {
             env_vars: record.env_vars.clone(),
@@ -368,8 +365,9 @@ impl Lifecycle {
         };
         let addr = started.placement.agent;
         if let Err(e) = self.agent.init(addr, started.token.as_deref(), &init).await {
-            self.discard(&record.id, slot).await;
-            return failed(e.into());
+            self.release(started.id, slot).await;
+            self.forget_create(&id).await;
+            return Err(e.into());
         }
         sandbox.set_phase(Phase::Running, Some(started.placement));
         Ok(())
@@ -423,6 +421,7 @@ fn new_record(
         traffic_access_token: Some(random_token(32)),
         require_traffic_token: params.require_traffic_token,
         volume_mounts: Vec::new(),
+        node: String::new(),
     }
 }
 

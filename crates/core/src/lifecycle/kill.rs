@@ -22,6 +22,8 @@ impl Lifecycle {
         if sandbox.phase().shown().is_none() {
             return Err(LifecycleError::SandboxNotFound(sandbox.id().to_string()));
         }
+        // Out of its key's quota at once, though its row stays until its cleanup is done.
+        self.store.sandboxes().stopping(sandbox.id()).await?;
         let placement = sandbox.placement();
         // A paused sandbox may still have its runtime, parked.
         let runtime = placement.or_else(|| sandbox.take_parked().map(|p| p.placement));

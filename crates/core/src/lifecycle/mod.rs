@@ -33,6 +33,7 @@ pub mod metrics;
 mod parking;
 mod pool_plan;
 mod pools;
+mod quotas;
 mod recovery;
 mod registry;
 mod sandbox;
@@ -340,6 +341,8 @@ pub struct CreateParams {
 }
 
 pub struct Lifecycle {
+    /// This node's name in the sandbox catalog.
+    node: String,
     store: Arc<Store>,
     driver: Arc<dyn Driver>,
     agent: Arc<dyn AgentClient>,
@@ -379,7 +382,9 @@ fn snapshot_image(owner: &str, id: &TemplateName) -> String {
 }
 
 impl Lifecycle {
+    /// The lifecycle of the sandboxes that the node called `node` runs.
     pub fn new(
+        node: String,
         store: Arc<Store>,
         driver: Arc<dyn Driver>,
         agent: Arc<dyn AgentClient>,
@@ -387,6 +392,7 @@ impl Lifecycle {
         volumes: Arc<Volumes>,
     ) -> Arc<Self> {
         Arc::new(Lifecycle {
+            node,
             launches: launches::Launches::new(limits.max_launches, limits.max_launch_wait),
             store,
             driver,

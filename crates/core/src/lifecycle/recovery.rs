@@ -1,6 +1,6 @@
-//! After a (re)start: the sandboxes the store names are adopted (running ones whose runtime and
-//! agent still answer, paused ones whose image is there) or removed, and host resources and
-//! images that nothing names are swept.
+//! After a (re)start: the sandboxes the catalog names on this node are adopted (running ones
+//! whose runtime and agent still answer, paused ones whose image is there) or removed, and host
+//! resources and images that nothing names are swept.
 
 use super::sandbox::{Phase, Sandbox};
 use super::{paused_image, Lifecycle, LifecycleError, PAUSED_PREFIX, SNAPSHOT_PREFIX};
@@ -22,12 +22,18 @@ pub struct RecoveryReport {
     pub removed: Vec<SandboxId>,
 }
 
-/// The slots and policies of the sandboxes a restart will try to adopt: the driver puts them
-/// in force when it starts, before anything else runs, so no sandbox is ever unconfined.
-pub async fn adoptable_policies(store: &Store) -> Result<Vec<(u32, Egress)>, StoreError> {
+/// The slots and policies of the sandboxes a restart of the node called `node` will try to
+/// adopt: the driver puts them in force when it starts, before anything else runs, so no
+/// sandbox is ever unconfined. The catalog first forgets what the node left half done (see
+/// [`crate::store::SandboxRecords::recover_node`]).
+pub async fn adoptable_policies(
+    store: &Store,
+    node: &str,
+) -> Result<Vec<(u32, Egress)>, StoreError> {
+    store.sandboxes().recover_node(node).await?;
     Ok(store
         .sandboxes()
-        .all()
+        .of_node(node)
         .await?
         .into_iter()
         .filter(|r| r.state == SandboxState::Running)
@@ -42,7 +48,8 @@ impl Lifecycle {
     pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
         let mut report = RecoveryReport::default();
         let mut running = Vec::new();
-        for record in self.store.sandboxes().all().await? {
+        self.store.sandboxes().recover_node(&self.node).await?;
+        for record in self.store.sandboxes().of_node(&self.node).await? {
             match (record.state, record.slot) {
                 (SandboxState::Paused, _) => {
                     if self.driver.has_image(&paused_image(&record.id)) {

@@ -410,6 +410,7 @@ mod tests {
             traffic_access_token: None,
             require_traffic_token: false,
             volume_mounts: Vec::new(),
+            node: "n1".into(),
         }
     }
 

@@ -21,6 +21,22 @@ pub enum Db {
     Postgres(deadpool_postgres::Pool),
 }
 
+/// A pool of connections to the PostgreSQL that `config` names. A request never waits longer
+/// than [`WAIT`] for a connection: a database that is down answers as unavailable.
+fn pool(mut config: tokio_postgres::Config) -> Result<deadpool_postgres::Pool, StoreError> {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(WAIT);
+    }
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(16)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(WAIT))
+        .create_timeout(Some(WAIT))
+        .build()
+        .map_err(|e| StoreError::Pool(e.to_string()))
+}
+
 /// A statement's parameter.
 #[derive(Debug, Clone, Copy)]
 pub enum Value<'a> {
@@ -89,20 +105,27 @@ impl Row<'_> {
 }
 
 impl Db {
-    /// A pool of connections to the PostgreSQL that `config` names. A request never waits
-    /// longer than [`WAIT`] for a connection: a database that is down answers as unavailable.
-    pub fn postgres(mut config: tokio_postgres::Config) -> Result<Db, StoreError> {
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(WAIT);
-        }
-        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-        let pool = deadpool_postgres::Pool::builder(manager)
-            .max_size(16)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(WAIT))
-            .create_timeout(Some(WAIT))
-            .build()
-            .map_err(|e| StoreError::Pool(e.to_string()))?;
+    /// PostgreSQL through a [`pool`] of connections to the one `config` names.
+    pub fn postgres(config: tokio_postgres::Config) -> Result<Db, StoreError> {
+        Ok(Db::Postgres(pool(config)?))
+    }
+
+    /// [`Db::postgres`], with the schema brought up to date ([`super::migrations`]) one
+    /// process at a time: gateways and nodes that start together would otherwise race to
+    /// apply the same files.
+    pub async fn migrated_postgres(config: tokio_postgres::Config) -> Result<Db, StoreError> {
+        let pool = pool(config)?;
+        // Any number will do, as long as nothing else on the database takes the same lock.
+        const MIGRATION_LOCK: i64 = 0x0061_6972_6c6f_636b;
+        let mut client = pool.get().await.map_err(pool_error)?;
+        client
+            .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        let migrated = super::migrations::runner().run_async(&mut **client).await;
+        client
+            .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        migrated.map_err(StoreError::Migrate)?;
         Ok(Db::Postgres(pool))
     }
 

@@ -1,6 +1,8 @@
-//! The sandboxes' records: what each sandbox is, enough to adopt or resume it after a restart.
+//! The sandbox catalog: what each sandbox is and which node runs it, enough to adopt or resume
+//! it after a restart; and the per-key quotas of running and paused sandboxes, admitted by the
+//! catalog's own writes so that they hold whichever gateway or node admits.
 
-use super::db::{Db, Row};
+use super::db::{Db, Row, Statement, Value};
 use super::{StoreError, VolumeMount};
 use crate::driver::Resources;
 use crate::egress::Egress;
@@ -100,12 +102,112 @@ pub struct SandboxRecord {
     pub traffic_access_token: Option<String>,
     /// E2B's `allowPublicTraffic: false`: its user ports demand the traffic token.
     pub require_traffic_token: bool,
+    /// The node that runs it, or keeps it paused (E2B's `clientID`).
+    pub node: String,
 }
 
 const COLUMNS: &str = "id, template, rootfs, state, slot, access_token, metadata, env_vars, \
                        started_at_us, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, \
                        auto_resume, owner, egress, traffic_access_token, require_traffic_token, \
-                       timeout_pause, pause_mode, volume_mounts FROM sandboxes";
+                       timeout_pause, pause_mode, volume_mounts, node FROM sandboxes";
+
+/// The columns a record is written to, in [`row_params`]' order, with the SQL type that
+/// PostgreSQL needs to be told for an `INSERT ... SELECT`'s parameters.
+const WRITTEN: [(&str, &str); 23] = [
+    ("id", "TEXT"),
+    ("template", "TEXT"),
+    ("rootfs", "TEXT"),
+    ("state", "TEXT"),
+    ("slot", "BIGINT"),
+    ("access_token", "TEXT"),
+    ("metadata", "TEXT"),
+    ("env_vars", "TEXT"),
+    ("started_at_us", "BIGINT"),
+    ("end_at", "BIGINT"),
+    ("cpu_count", "BIGINT"),
+    ("memory_mb", "BIGINT"),
+    ("disk_mb", "BIGINT"),
+    ("pause_on_timeout", "BIGINT"),
+    ("auto_resume", "BIGINT"),
+    ("owner", "TEXT"),
+    ("egress", "TEXT"),
+    ("traffic_access_token", "TEXT"),
+    ("require_traffic_token", "BIGINT"),
+    ("timeout_pause", "TEXT"),
+    ("pause_mode", "TEXT"),
+    ("volume_mounts", "TEXT"),
+    ("node", "TEXT"),
+];
+
+/// Rows of the same owner as the row `o` (a sandbox without one is in no key's quota but
+/// counts with the others that have none, as before keys had owners).
+const SAME_OWNER: &str = "COALESCE(o.owner, '') = COALESCE(sandboxes.owner, '')";
+/// What the running quota counts: running sandboxes, the ones starting or pausing among them,
+/// and the paused ones resuming; not killed ones.
+const RUNNING_PLACE: &str = "((o.state = 'running' OR o.transition = 'resuming')
+                              AND COALESCE(o.transition, '') <> 'stopping')";
+/// What the paused quota counts: paused sandboxes, resuming ones among them, and running ones
+/// pausing; not killed ones.
+const PAUSED_PLACE: &str = "((o.state = 'paused' OR o.transition = 'pausing')
+                             AND COALESCE(o.transition, '') <> 'stopping')";
+/// Rows every reader sees: a sandbox still starting answers to no id. A killed one whose host
+/// cleanup is at work is seen, since it still holds its root filesystem and volumes.
+const LISTED: &str = "COALESCE(transition, '') <> 'starting'";
+
+/// A record's JSON and path columns, encoded once so that its parameters can borrow them.
+struct Encoded {
+    metadata: String,
+    env_vars: String,
+    egress: String,
+    mounts: String,
+    rootfs: String,
+}
+
+impl Encoded {
+    fn of(r: &SandboxRecord) -> Encoded {
+        Encoded {
+            metadata: serde_json::to_string(&r.metadata).expect("map serializes"),
+            env_vars: serde_json::to_string(&r.env_vars).expect("map serializes"),
+            egress: serde_json::to_string(&r.egress).expect("policy serializes"),
+            mounts: serde_json::to_string(&r.volume_mounts).expect("mounts serialize"),
+            rootfs: r.rootfs.to_string_lossy().into_owned(),
+        }
+    }
+}
+
+/// `r`'s values for the columns of [`WRITTEN`], in order.
+fn row_params<'a>(r: &'a SandboxRecord, e: &'a Encoded) -> Vec<Value<'a>> {
+    vec![
+        r.id.as_str().into(),
+        r.template.as_str().into(),
+        e.rootfs.as_str().into(),
+        r.state.as_str().into(),
+        r.slot.map(i64::from).into(),
+        r.access_token.as_deref().into(),
+        e.metadata.as_str().into(),
+        e.env_vars.as_str().into(),
+        r.started_at_us.into(),
+        r.end_at.into(),
+        i64::from(r.resources.cpu_count).into(),
+        i64::from(r.resources.memory_mb).into(),
+        i64::from(r.resources.disk_mb).into(),
+        r.pause_on_timeout.into(),
+        r.auto_resume.into(),
+        r.owner.as_deref().into(),
+        e.egress.as_str().into(),
+        r.traffic_access_token.as_deref().into(),
+        r.require_traffic_token.into(),
+        r.timeout_pause.as_str().into(),
+        r.pause_mode.map(PauseMode::as_str).into(),
+        e.mounts.as_str().into(),
+        r.node.as_str().into(),
+    ]
+}
+
+/// A quota as the catalog's SQL compares it.
+fn limit(quota: usize) -> i64 {
+    i64::try_from(quota).unwrap_or(i64::MAX)
+}
 
 fn record(row: &Row) -> Result<SandboxRecord, StoreError> {
     let id: String = row.get(0)?;
@@ -144,6 +246,7 @@ fn record(row: &Row) -> Result<SandboxRecord, StoreError> {
             None => None,
         },
         volume_mounts: serde_json::from_str(&json(21)?).map_err(|_| corrupt())?,
+        node: row.get(22)?,
         id: SandboxId::parse(&id).map_err(|_| corrupt())?,
     })
 }
@@ -159,45 +262,126 @@ impl SandboxRecords {
         SandboxRecords { db }
     }
 
-    pub async fn insert(&self, r: &SandboxRecord) -> Result<(), StoreError> {
-        let metadata = serde_json::to_string(&r.metadata).expect("map serializes");
-        let env_vars = serde_json::to_string(&r.env_vars).expect("map serializes");
-        let egress = serde_json::to_string(&r.egress).expect("policy serializes");
-        let mounts = serde_json::to_string(&r.volume_mounts).expect("mounts serialize");
-        let rootfs = r.rootfs.to_string_lossy();
+    /// Records `r` as starting (in no list yet) if its owner runs fewer than `running_quota`
+    /// sandboxes, counted and written at once, whichever gateway or node admits at the same
+    /// time. `false` if refused. [`SandboxRecords::started`] then lists it, or
+    /// [`SandboxRecords::delete`] forgets it.
+    pub async fn admit(&self, r: &SandboxRecord, running_quota: usize) -> Result<bool, StoreError> {
+        let columns: Vec<&str> = WRITTEN.iter().map(|(column, _)| *column).collect();
+        let values: Vec<String> = (WRITTEN.iter().enumerate())
+            .map(|(i, (_, sql_type))| format!("CAST(${} AS {sql_type})", i + 1))
+            .collect();
+        // The owner is parameter 16 (see WRITTEN); the quota comes after the columns.
+        let sql = format!(
+            "INSERT INTO sandboxes ({}, transition) SELECT {}, 'starting'
+             WHERE (SELECT COUNT(*) FROM sandboxes o
+                    WHERE COALESCE(o.owner, '') = COALESCE(CAST($16 AS TEXT), '')
+                      AND {RUNNING_PLACE}) < CAST(${} AS BIGINT)",
+            columns.join(", "),
+            values.join(", "),
+            WRITTEN.len() + 1,
+        );
+        let encoded = Encoded::of(r);
+        let mut params = row_params(r, &encoded);
+        params.push(limit(running_quota).into());
+        Ok(self.db.admit(&sql, &params).await? == 1)
+    }
+
+    /// Lists an admitted sandbox as running in `slot` on `rootfs`. Fails if its node's slot is
+    /// taken.
+    pub async fn started(
+        &self,
+        id: &SandboxId,
+        slot: u32,
+        rootfs: &std::path::Path,
+    ) -> Result<(), StoreError> {
+        let rootfs = rootfs.to_string_lossy();
         self.db
             .execute(
-                "INSERT INTO sandboxes (id, template, rootfs, state, slot, access_token,
-                 metadata, env_vars, started_at_us, end_at, cpu_count, memory_mb, disk_mb,
-                 pause_on_timeout, auto_resume, owner, egress, traffic_access_token,
-                 require_traffic_token, timeout_pause, pause_mode, volume_mounts)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17, $18, $19, $20, $21, $22)",
+                "UPDATE sandboxes SET state = 'running', transition = NULL, slot = $2, rootfs = $3
+                 WHERE id = $1",
                 &[
-                    r.id.as_str().into(),
-                    r.template.as_str().into(),
+                    id.as_str().into(),
+                    i64::from(slot).into(),
                     rootfs.as_ref().into(),
-                    r.state.as_str().into(),
-                    r.slot.map(i64::from).into(),
-                    r.access_token.as_deref().into(),
-                    metadata.as_str().into(),
-                    env_vars.as_str().into(),
-                    r.started_at_us.into(),
-                    r.end_at.into(),
-                    i64::from(r.resources.cpu_count).into(),
-                    i64::from(r.resources.memory_mb).into(),
-                    i64::from(r.resources.disk_mb).into(),
-                    r.pause_on_timeout.into(),
-                    r.auto_resume.into(),
-                    r.owner.as_deref().into(),
-                    egress.as_str().into(),
-                    r.traffic_access_token.as_deref().into(),
-                    r.require_traffic_token.into(),
-                    r.timeout_pause.as_str().into(),
-                    r.pause_mode.map(PauseMode::as_str).into(),
-                    mounts.as_str().into(),
                 ],
             )
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a running sandbox pausing if its owner keeps fewer than `paused_quota` sandboxes
+    /// paused (this one aside); `false` if refused. [`SandboxRecords::set_state`] ends it, or
+    /// [`SandboxRecords::end_transition`] if the pause fails.
+    pub async fn begin_pause(
+        &self,
+        id: &SandboxId,
+        paused_quota: usize,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "UPDATE sandboxes SET transition = 'pausing'
+             WHERE id = $1 AND state = 'running'
+               AND (SELECT COUNT(*) FROM sandboxes o WHERE {SAME_OWNER} AND {PAUSED_PLACE})
+                   < CAST($2 AS BIGINT)"
+        );
+        let params = [id.as_str().into(), limit(paused_quota).into()];
+        Ok(self.db.admit(&sql, &params).await? == 1)
+    }
+
+    /// Marks a paused sandbox resuming if its owner runs fewer than `running_quota`
+    /// sandboxes; `false` if refused. [`SandboxRecords::set_state`] ends it, or
+    /// [`SandboxRecords::end_transition`] if the resume fails.
+    pub async fn begin_resume(
+        &self,
+        id: &SandboxId,
+        running_quota: usize,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "UPDATE sandboxes SET transition = 'resuming'
+             WHERE id = $1 AND state = 'paused'
+               AND (SELECT COUNT(*) FROM sandboxes o WHERE {SAME_OWNER} AND {RUNNING_PLACE})
+                   < CAST($2 AS BIGINT)"
+        );
+        let params = [id.as_str().into(), limit(running_quota).into()];
+        Ok(self.db.admit(&sql, &params).await? == 1)
+    }
+
+    /// A pause or resume that failed: the sandbox stays as it was.
+    pub async fn end_transition(&self, id: &SandboxId) -> Result<(), StoreError> {
+        let sql = "UPDATE sandboxes SET transition = NULL WHERE id = $1";
+        self.db.execute(sql, &[id.as_str().into()]).await?;
+        Ok(())
+    }
+
+    /// Marks a sandbox killed: it no longer counts in its key's quotas, and its row stays
+    /// until its host cleanup is done ([`SandboxRecords::delete`]).
+    pub async fn stopping(&self, id: &SandboxId) -> Result<(), StoreError> {
+        let sql = "UPDATE sandboxes SET transition = 'stopping' WHERE id = $1";
+        self.db.execute(sql, &[id.as_str().into()]).await?;
+        Ok(())
+    }
+
+    /// After `node` (re)starts: forgets the creates it had not finished and the kills whose
+    /// cleanup it had not (the orphan sweep destroys what is left of them), ends the pauses
+    /// and resumes it was at (each is then as its state says), and takes the rows from before
+    /// sandboxes had nodes.
+    pub async fn recover_node(&self, node: &str) -> Result<(), StoreError> {
+        self.db
+            .batch(&[
+                Statement::new(
+                    "DELETE FROM sandboxes
+                     WHERE node = $1 AND transition IN ('starting', 'stopping')",
+                    [node.into()],
+                ),
+                Statement::new(
+                    "UPDATE sandboxes SET transition = NULL WHERE node = $1",
+                    [node.into()],
+                ),
+                Statement::new(
+                    "UPDATE sandboxes SET node = $1 WHERE node = ''",
+                    [node.into()],
+                ),
+            ])
             .await?;
         Ok(())
     }
@@ -213,8 +397,8 @@ impl SandboxRecords {
     ) -> Result<(), StoreError> {
         self.db
             .execute(
-                "UPDATE sandboxes SET state = $2, slot = $3, end_at = $4, pause_mode = $5
-                 WHERE id = $1",
+                "UPDATE sandboxes SET state = $2, slot = $3, end_at = $4, pause_mode = $5,
+                 transition = NULL WHERE id = $1",
                 &[
                     id.as_str().into(),
                     state.as_str().into(),
@@ -266,64 +450,141 @@ impl SandboxRecords {
         Ok(())
     }
 
-    /// Every sandbox, in the order they were created.
+    /// Every sandbox of every node, in the order they were created.
     pub async fn all(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} ORDER BY started_at_us, id");
+        let sql = format!("SELECT {COLUMNS} WHERE {LISTED} ORDER BY started_at_us, id");
         self.db.query(&sql, &[], record).await
     }
 
+    /// The sandboxes `node` runs or keeps paused, in the order they were created.
+    pub async fn of_node(&self, node: &str) -> Result<Vec<SandboxRecord>, StoreError> {
+        let sql =
+            format!("SELECT {COLUMNS} WHERE node = $1 AND {LISTED} ORDER BY started_at_us, id");
+        self.db.query(&sql, &[node.into()], record).await
+    }
+
     pub async fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} WHERE id = $1");
+        let sql = format!("SELECT {COLUMNS} WHERE id = $1 AND {LISTED}");
         self.db.query_opt(&sql, &[id.as_str().into()], record).await
     }
 }
 
-/// What the sandboxes' records must do, on SQLite here and on PostgreSQL in
-/// `postgres_tests.rs`.
+/// What the sandbox catalog must do, on SQLite here and on PostgreSQL in `postgres_tests.rs`.
 #[cfg(test)]
 pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
-    use tests::record;
-    sandboxes.insert(&record("a1", 0)).await.unwrap();
-    assert!(
-        sandboxes.insert(&record("b2", 0)).await.is_err(),
-        "slot reuse must fail"
-    );
-    sandboxes.insert(&record("b2", 1)).await.unwrap();
+    use tests::{record, start, starting};
+    const ROOMY: usize = 100;
+    // Admitted, a sandbox is in no list and answers to no id until it has started.
+    assert!(sandboxes.admit(&starting("a1"), ROOMY).await.unwrap());
     let a1 = SandboxId::parse("a1").unwrap();
+    assert!(sandboxes.all().await.unwrap().is_empty());
+    assert_eq!(sandboxes.get(&a1).await.unwrap(), None);
+    sandboxes
+        .started(&a1, 0, "/t/rootfs".as_ref())
+        .await
+        .unwrap();
+    assert_eq!(sandboxes.get(&a1).await.unwrap(), Some(record("a1", 0)));
+
+    // A slot is its node's own.
+    assert!(sandboxes.admit(&starting("b2"), ROOMY).await.unwrap());
+    let b2 = SandboxId::parse("b2").unwrap();
+    assert!(
+        sandboxes
+            .started(&b2, 0, "/t/rootfs".as_ref())
+            .await
+            .is_err(),
+        "slot reuse on one node must fail"
+    );
+    sandboxes
+        .started(&b2, 1, "/t/rootfs".as_ref())
+        .await
+        .unwrap();
+    let mut elsewhere = record("c3", 0);
+    elsewhere.node = "n2".into();
+    start(sandboxes, &elsewhere).await;
+
     assert!(sandboxes.set_end_at(&a1, 99).await.unwrap());
     assert!(!sandboxes
         .set_end_at(&SandboxId::parse("zz").unwrap(), 99)
         .await
         .unwrap());
     let all = sandboxes.all().await.unwrap();
-    assert_eq!(all.len(), 2);
+    assert_eq!(all.len(), 3);
     assert_eq!(all[0].end_at, 99);
     assert_eq!(all[1], record("b2", 1));
+    assert_eq!(sandboxes.of_node("n2").await.unwrap(), [elsewhere]);
     let open = Egress::from_request(Some(true), &[], &[]).unwrap();
     sandboxes.set_network(&a1, &open, false).await.unwrap();
     let a = sandboxes.get(&a1).await.unwrap().unwrap();
     assert_eq!((a.egress, a.require_traffic_token), (open, false));
-    sandboxes.delete(&a1).await.unwrap();
-    assert_eq!(sandboxes.all().await.unwrap().len(), 1);
-    assert_eq!(sandboxes.get(&a1).await.unwrap(), None);
 
-    // Paused sandboxes hold no slot, so several can coexist.
+    // Quotas count every node's sandboxes of the key: three run now, and one starting counts.
+    assert!(!sandboxes.admit(&starting("d4"), 3).await.unwrap());
+    assert!(sandboxes.admit(&starting("d4"), 4).await.unwrap());
+    assert!(!sandboxes.admit(&starting("e5"), 4).await.unwrap());
+    let mut other_key = starting("f6");
+    other_key.owner = Some("k2".into());
+    assert!(
+        sandboxes.admit(&other_key, 1).await.unwrap(),
+        "k2 runs none"
+    );
+
+    // A pausing sandbox counts as paused, a resuming one as running.
+    assert!(!sandboxes.begin_pause(&a1, 0).await.unwrap());
+    assert!(sandboxes.begin_pause(&a1, 1).await.unwrap());
+    assert!(!sandboxes.begin_pause(&b2, 1).await.unwrap());
     let paused = SandboxState::Paused;
     let mode = Some(PauseMode::Filesystem);
     sandboxes
-        .set_state(&all[1].id, paused, None, 0, mode)
+        .set_state(&a1, paused, None, 0, mode)
         .await
         .unwrap();
-    let mut c = record("c3", 0);
-    c.state = SandboxState::Paused;
-    c.slot = None;
-    sandboxes.insert(&c).await.unwrap();
-    let paused = sandboxes.all().await.unwrap();
-    assert!(paused
-        .iter()
-        .all(|r| r.state == SandboxState::Paused && r.slot.is_none()));
-    let modes: Vec<_> = paused.iter().map(|r| r.pause_mode).collect();
-    assert_eq!(modes, [Some(PauseMode::Filesystem), None]);
+    // b2, c3 and d4 (starting) run.
+    assert!(!sandboxes.begin_resume(&a1, 3).await.unwrap());
+    assert!(sandboxes.begin_resume(&a1, 4).await.unwrap());
+    assert!(!sandboxes.admit(&starting("e5"), 4).await.unwrap());
+    sandboxes.end_transition(&a1).await.unwrap();
+    assert!(sandboxes.admit(&starting("e5"), 5).await.unwrap());
+    let a = sandboxes.get(&a1).await.unwrap().unwrap();
+    assert_eq!((a.state, a.slot, a.pause_mode), (paused, None, mode));
+
+    // A node's restart forgets its unfinished creates and takes the rows without a node.
+    let mut legacy = record("g7", 4);
+    legacy.node = String::new();
+    start(sandboxes, &legacy).await;
+    sandboxes.recover_node("n1").await.unwrap();
+    let ids = |records: Vec<SandboxRecord>| -> Vec<String> {
+        records.into_iter().map(|r| r.id.to_string()).collect()
+    };
+    assert_eq!(
+        ids(sandboxes.of_node("n1").await.unwrap()),
+        ["a1", "b2", "g7"]
+    );
+    assert!(
+        sandboxes.admit(&starting("d4"), 4).await.unwrap(),
+        "d4 was forgotten"
+    );
+
+    // A killed sandbox is seen until its cleanup is done, and counts in no quota.
+    sandboxes.stopping(&b2).await.unwrap();
+    assert!(sandboxes.get(&b2).await.unwrap().is_some());
+    assert!(
+        sandboxes.admit(&starting("e5"), 4).await.unwrap(),
+        "b2 no longer counts"
+    );
+    sandboxes.delete(&a1).await.unwrap();
+    assert_eq!(sandboxes.get(&a1).await.unwrap(), None);
+    sandboxes.recover_node("n1").await.unwrap();
+    assert_eq!(ids(sandboxes.of_node("n1").await.unwrap()), ["g7"]);
+
+    // Concurrent admissions against a quota of 3 for a new key admit exactly 3.
+    let racing = (0..16).map(|i| {
+        let mut r = starting(&format!("r{i}"));
+        r.owner = Some("k3".into());
+        async move { sandboxes.admit(&r, 3).await.unwrap() }
+    });
+    let admitted = futures::future::join_all(racing).await;
+    assert_eq!(admitted.iter().filter(|a| **a).count(), 3);
 }
 
 #[cfg(test)]
@@ -360,7 +621,27 @@ mod tests {
                 name: "data".into(),
                 path: "/mnt/data".into(),
             }],
+            node: "n1".into(),
         }
+    }
+
+    /// `record(id, _)` as a create admits it: before it has a slot.
+    pub(super) fn starting(id: &str) -> SandboxRecord {
+        SandboxRecord {
+            slot: None,
+            ..record(id, 0)
+        }
+    }
+
+    /// Admits `r` with room to spare and lists it as running.
+    pub(super) async fn start(sandboxes: &SandboxRecords, r: &SandboxRecord) {
+        let admitted = SandboxRecord {
+            slot: None,
+            ..r.clone()
+        };
+        assert!(sandboxes.admit(&admitted, usize::MAX).await.unwrap());
+        let slot = r.slot.expect("a running record has a slot");
+        sandboxes.started(&r.id, slot, &r.rootfs).await.unwrap();
     }
 
     #[tokio::test]

@@ -59,6 +59,8 @@ pub struct ServeOptions {
     pub domain: Option<String>,
     /// This machine as `GET /nodes` and sandboxes' `clientID` name it.
     pub node_name: String,
+    /// The PostgreSQL that keeps the state (`None`: the data dir's SQLite file).
+    pub database: Option<String>,
     /// What a stop does to running sandboxes.
     pub on_exit: OnExit,
 }
@@ -71,7 +73,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     }
     airlock_netd::raise_open_files_limit();
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
-    let store = Arc::new(Store::open(&data.db()).context("opening the state database")?);
+    let store = Arc::new(data.store(opts.database.as_deref()).await?);
     let key = ensure_api_key(&store, &data).await?;
     let agent_binary = find_binary("airlock-agent", opts.agent_binary)?;
     let agent_is_static = is_static_executable(&agent_binary)
@@ -85,7 +87,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     }
     let netd_binary = find_binary("airlock-netd", None)?;
     // The firewall starts with every sandbox that will be adopted already in it.
-    let known = airlock_core::lifecycle::adoptable_policies(&store).await?;
+    let known = airlock_core::lifecycle::adoptable_policies(&store, &opts.node_name).await?;
     let driver: Arc<dyn Driver> = Arc::new(
         airlock_gvisor::GvisorDriver::new(
             airlock_gvisor::GvisorConfig {
@@ -113,6 +115,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     // Before sandboxes are adopted or resumed: they may mount them.
     volumes.open_all().await.context("mounting the volumes")?;
     let lifecycle = Lifecycle::new(
+        opts.node_name.clone(),
         store.clone(),
         driver.clone(),
         agent.clone(),
@@ -153,7 +156,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let built = builtins::ensure(&builder, &store, lifecycle.limits().default_resources);
     let built = built.await;
     if built.is_ok() {
-        collect_garbage(&builder, &data).await;
+        collect_garbage(&builder, &data, opts.database.is_some()).await;
     }
     if built.is_err() || opts.prepare_only {
         // Nothing was served: stop as at a signal.
@@ -278,8 +281,8 @@ async fn stop_sandboxes(
 /// Removes the layers, mounts and uploads that nothing uses any more (see
 /// `airlock_core::build::collect`), heeding every data dir that shares the templates dir. A
 /// failure is only logged: nothing is lost by keeping them.
-async fn collect_garbage(builder: &Builder, data: &DataDir) {
-    let databases = match data.databases_sharing_templates() {
+async fn collect_garbage(builder: &Builder, data: &DataDir, on_postgres: bool) {
+    let databases = match data.databases_sharing_templates(on_postgres) {
         Ok(dbs) => dbs,
         Err(e) => return tracing::warn!(error = %e, "not collecting unused template files"),
     };

@@ -42,10 +42,15 @@ pub enum KeyCommand {
     Revoke { id: String },
 }
 
-/// `airlock key …`: works on the data dir's database directly, so it needs the server's
-/// data dir (and its permissions), not a running server.
-pub async fn key(cmd: KeyCommand, data: &DataDir) -> Result<ExitCode, CliError> {
-    let store = open_store(data)?;
+/// `airlock key …`: works on the state database directly (the data dir's, or the PostgreSQL
+/// of `--database`), so it needs the server's data dir (and its permissions) or the
+/// database's address, not a running server.
+pub async fn key(
+    cmd: KeyCommand,
+    data: &DataDir,
+    database: Option<&str>,
+) -> Result<ExitCode, CliError> {
+    let store = open_store(data, database).await?;
     let keys = store.keys();
     let now = airlock_core::lifecycle::now_unix();
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());

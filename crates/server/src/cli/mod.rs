@@ -19,7 +19,6 @@ use crate::client::ClientError;
 use crate::data_dir::DataDir;
 use crate::term;
 use airlock_core::store::Store;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// `NAME=VALUE`, as `--build-arg`, `--env` and `--metadata` take it.
@@ -114,9 +113,7 @@ fn rfc3339(unix: i64) -> String {
         .unwrap_or_default()
 }
 
-fn open_store(data: &DataDir) -> Result<Store, CliError> {
-    let path: PathBuf = data.db();
-    Store::open(&path).map_err(|e| {
-        CliError::Other(anyhow::Error::new(e).context(format!("opening {}", path.display())))
-    })
+/// The data dir's state, or the PostgreSQL that `database` names (`--database`).
+async fn open_store(data: &DataDir, database: Option<&str>) -> Result<Store, CliError> {
+    data.store(database).await.map_err(CliError::Other)
 }

@@ -295,8 +295,12 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
 
 /// `airlock template ls`: the built templates in the data dir's database that a name reaches:
 /// the built-ins, and each tagged build of a user template as `name:tag` (every key's).
-pub async fn template_ls(data: &DataDir, json: bool) -> Result<ExitCode, CliError> {
-    let store = open_store(data)?;
+pub async fn template_ls(
+    data: &DataDir,
+    database: Option<&str>,
+    json: bool,
+) -> Result<ExitCode, CliError> {
+    let store = open_store(data, database).await?;
     let failed = |e: airlock_core::store::StoreError| CliError::Other(e.into());
     let mut rows: Vec<[String; 4]> = Vec::new();
     for t in store.templates().named_templates().await.map_err(failed)? {

@@ -212,7 +212,7 @@ pub(crate) async fn sandbox_body(state: &AppState, r: &SandboxRecord) -> Sandbox
     Sandbox {
         template_id,
         sandbox_id: r.id.to_string(),
-        client_id: state.node_name.clone(),
+        client_id: r.node.clone(),
         alias: Some(alias),
         envd_version: ENVD_VERSION.into(),
         envd_access_token: r.access_token.clone(),
@@ -235,7 +235,7 @@ pub(crate) fn detail_body(
     SandboxDetail {
         template_id,
         sandbox_id: r.id.to_string(),
-        client_id: state.node_name.clone(),
+        client_id: r.node.clone(),
         alias: Some(alias),
         // With its fractions, as E2B's: a list's order is by it.
         started_at: rfc3339(

@@ -255,6 +255,9 @@ async fn setup(
     setup_with_agent(driver, limits, TestAgent::ready()).await
 }
 
+/// The node the tests' lifecycles are.
+const NODE: &str = "test-node";
+
 async fn setup_with_agent(
     driver: Arc<RecordingDriver>,
     limits: Limits,
@@ -272,7 +275,7 @@ async fn setup_with_agent(
         .await
         .unwrap();
     let volumes = test_volumes(&store, driver.clone(), dir.path());
-    let lc = Lifecycle::new(store.clone(), driver, agent, limits, volumes);
+    let lc = Lifecycle::new(NODE.into(), store.clone(), driver, agent, limits, volumes);
     (dir, store, lc)
 }
 
@@ -320,6 +323,7 @@ fn restarted(
     driver: &Arc<RecordingDriver>,
 ) -> Arc<Lifecycle> {
     Lifecycle::new(
+        NODE.into(),
         store.clone(),
         driver.clone(),
         TestAgent::ready(),
