@@ -14,3 +14,4 @@ pub mod store;
 pub mod template;
 pub mod volumes;
 mod walk;
+pub mod webhook;

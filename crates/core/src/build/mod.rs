@@ -16,7 +16,7 @@ pub mod copy;
 pub mod debian;
 pub mod image;
 pub mod layers;
-mod pull_guard;
+pub(crate) mod pull_guard;
 pub mod queue;
 mod quota;
 mod run;

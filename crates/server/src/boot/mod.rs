@@ -61,6 +61,8 @@ pub struct ServeOptions {
     pub node_name: String,
     /// What a stop does to running sandboxes.
     pub on_exit: OnExit,
+    /// Webhooks may be sent to loopback, link-local and private addresses.
+    pub webhooks_allow_private: bool,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -119,6 +121,17 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         opts.limits,
         volumes.clone(),
     );
+    let webhooks = Arc::new(
+        airlock_core::webhook::Deliverer::new(driver.unreachable(), opts.webhooks_allow_private)
+            .context("setting up webhook deliveries")?,
+    );
+    if let Some(feed) = lifecycle.webhook_feed() {
+        tokio::spawn(http::webhooks::deliver(
+            store.clone(),
+            webhooks.clone(),
+            feed,
+        ));
+    }
     tokio::spawn(lifecycle.run_events());
     let builder = Builder::new(
         store.clone(),
@@ -173,6 +186,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         verbs: verbs.clone(),
         data_dir: data.root().to_owned(),
         node_name: opts.node_name,
+        webhooks,
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
         volumes: volumes.clone(),
