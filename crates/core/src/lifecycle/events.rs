@@ -5,11 +5,11 @@
 //! which drops what it has no room for rather than hold the writer up.
 
 use super::Lifecycle;
+use crate::ordered::OrderedQueue;
 use crate::store::{EventType, SandboxEvent, SandboxRecord, Store, EVENT_RETENTION_US};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// The longest a read waits for the events queued before it to be written.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
@@ -23,29 +23,12 @@ const WRITE_ATTEMPTS: u32 = 5;
 /// Events written but not yet taken by the webhooks' deliverer; more are not delivered.
 const FEED_ROOM: usize = 1024;
 
-/// The queue of events not yet written, and how far its writer got.
+/// The events not yet written, and where written ones go for webhooks.
+#[derive(Default)]
 pub(super) struct Journal {
-    queue: mpsc::UnboundedSender<SandboxEvent>,
-    /// Taken by the writer when it starts.
-    unwritten: Mutex<Option<mpsc::UnboundedReceiver<SandboxEvent>>>,
-    queued: AtomicU64,
-    /// How many events the writer is done with (written or given up).
-    done: Arc<watch::Sender<u64>>,
+    queue: OrderedQueue<SandboxEvent>,
     /// Set once someone delivers webhooks.
     feed: Arc<OnceLock<mpsc::Sender<SandboxEvent>>>,
-}
-
-impl Default for Journal {
-    fn default() -> Self {
-        let (queue, unwritten) = mpsc::unbounded_channel();
-        Journal {
-            queue,
-            unwritten: Mutex::new(Some(unwritten)),
-            queued: AtomicU64::new(0),
-            done: Arc::new(watch::Sender::new(0)),
-            feed: Arc::default(),
-        }
-    }
 }
 
 /// E2B's `eventData` of an update that moved the deadline to `end_at` (Unix seconds).
@@ -77,16 +60,12 @@ impl Lifecycle {
             build_id: r.template.to_string(),
             data,
         };
-        self.journal.queued.fetch_add(1, Ordering::SeqCst);
-        // Only fails once the writer's runtime is gone, when nothing reads events any more.
-        let _ = self.journal.queue.send(event);
+        self.journal.queue.push(event);
     }
 
     /// Waits (a while) until the events queued so far are written.
     pub async fn flush_events(&self) {
-        let queued = self.journal.queued.load(Ordering::SeqCst);
-        let mut done = self.journal.done.subscribe();
-        let _ = tokio::time::timeout(FLUSH_WAIT, done.wait_for(|n| *n >= queued)).await;
+        self.journal.queue.flush(FLUSH_WAIT).await
     }
 
     /// The events written from now on, in order, for webhooks. Bounded: when the reader falls
@@ -100,22 +79,16 @@ impl Lifecycle {
     /// The writer: writes queued events in order, and hourly forgets those past retention.
     /// Runs for the process's life (the events of the last kills at a stop are written too).
     pub fn run_events(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let unwritten = self
-            .journal
-            .unwritten
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let (store, done) = (self.store.clone(), self.journal.done.clone());
-        let feed = self.journal.feed.clone();
+        let writer = self.journal.queue.writer();
+        let (store, feed) = (self.store.clone(), self.journal.feed.clone());
         async move {
-            let Some(mut unwritten) = unwritten else {
+            let Some(mut writer) = writer else {
                 return; // another writer runs
             };
             let mut next_purge = tokio::time::Instant::now();
-            while let Some(event) = unwritten.recv().await {
+            while let Some(event) = writer.next().await {
                 let written = write(&store, &event).await;
-                done.send_modify(|n| *n += 1);
+                writer.written();
                 if let (true, Some(feed)) = (written, feed.get()) {
                     if feed.try_send(event).is_err() {
                         tracing::warn!("webhook deliveries are behind: an event is not delivered");
