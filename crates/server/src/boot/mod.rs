@@ -133,6 +133,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         ));
     }
     tokio::spawn(lifecycle.run_events());
+    tokio::spawn(http::idempotency::purge_expired(
+        store.idempotency().clone(),
+    ));
     let builder = Builder::new(
         store.clone(),
         driver,

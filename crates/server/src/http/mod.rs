@@ -5,7 +5,7 @@
 pub mod auth;
 pub mod error;
 mod events;
-mod idempotency;
+pub(crate) mod idempotency;
 mod logs;
 mod metrics;
 mod nodes;
