@@ -53,7 +53,7 @@ pub(crate) fn fingerprint(route: &str, body: &serde_json::Value) -> String {
         .chain_update([0])
         .chain_update(body.to_string())
         .finalize();
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(digest)
 }
 
 /// Runs `create` once for `owner`'s `key`, and answers its JSON for every request with the
