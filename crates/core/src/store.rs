@@ -26,6 +26,7 @@ mod templates;
 mod templates_tests;
 mod user_templates;
 mod volumes;
+mod webhooks;
 pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel};
 pub use events::{EventQuery, EventRecords, EventType, SandboxEvent, EVENT_RETENTION_US};
 pub use idempotency::{Claim, IdempotencyRecords};
@@ -38,6 +39,7 @@ pub use user_templates::UserTemplate;
 pub use volumes::{
     valid_volume_name, VolumeMount, VolumeQuota, VolumeRecord, VolumeRecords, VolumeUsage,
 };
+pub use webhooks::{Webhook, WebhookChange, WebhookRecords};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -85,6 +87,7 @@ pub struct Store {
     volumes: VolumeRecords,
     events: EventRecords,
     idempotency: IdempotencyRecords,
+    webhooks: WebhookRecords,
 }
 
 impl Store {
@@ -123,6 +126,7 @@ impl Store {
             templates: Templates::new(db.clone()),
             events: EventRecords::new(db.clone()),
             idempotency: IdempotencyRecords::new(db.clone()),
+            webhooks: WebhookRecords::new(db.clone()),
             volumes: VolumeRecords::new(db.clone()),
             #[cfg(test)]
             db,
@@ -162,6 +166,11 @@ impl Store {
     /// The claims of creates sent with an `Idempotency-Key`.
     pub fn idempotency(&self) -> &IdempotencyRecords {
         &self.idempotency
+    }
+
+    /// The keys' webhooks.
+    pub fn webhooks(&self) -> &WebhookRecords {
+        &self.webhooks
     }
 
     /// The SQLite connection itself, for tests that write what older versions wrote.

@@ -39,6 +39,8 @@ pub struct AppStateInner {
     pub data_dir: std::path::PathBuf,
     /// `--node-name`: this machine as `GET /nodes` and sandboxes' `clientID` name it.
     pub node_name: String,
+    /// Sends webhooks, and checks where they may go.
+    pub webhooks: Arc<airlock_core::webhook::Deliverer>,
 }
 
 pub type AppState = Arc<AppStateInner>;

@@ -270,6 +270,12 @@ enum Command {
         /// leak.
         #[arg(long)]
         insecure_open_network: bool,
+        /// Let webhooks (`POST /events/webhooks`) be sent to loopback, link-local and private
+        /// addresses, this host and its networks included. Off, a webhook may only reach
+        /// addresses a sandbox could reach too: every API key can register one, and the
+        /// request leaves from this server.
+        #[arg(long, env = "AIRLOCK_WEBHOOKS_ALLOW_PRIVATE")]
+        webhooks_allow_private: bool,
         /// Build the built-in templates (base, code-interpreter-v1) and their golden images,
         /// then exit instead of serving. `serve` does the same at every start, from the cache
         /// after the first; scripts/prepare.sh runs this so that the first `serve` starts at
@@ -471,6 +477,7 @@ async fn run(cli: Cli) -> ExitCode {
             key_max_volumes,
             key_max_volume_mb,
             insecure_open_network,
+            webhooks_allow_private,
             prepare_only,
             stop_sandboxes_on_exit,
             domain,
@@ -495,6 +502,7 @@ async fn run(cli: Cli) -> ExitCode {
                     per_key_mb: key_max_volume_mb,
                 },
                 insecure_open_network,
+                webhooks_allow_private,
                 prepare_only,
                 domain,
                 node_name: node_name.unwrap_or_else(host_node_name),

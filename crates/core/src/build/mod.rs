@@ -16,7 +16,7 @@ pub mod copy;
 pub mod debian;
 pub mod image;
 pub mod layers;
-mod pull_guard;
+pub(crate) mod pull_guard;
 pub mod queue;
 mod quota;
 mod run;
@@ -26,6 +26,7 @@ pub mod uploads;
 use crate::driver::{Driver, DriverError, Resources};
 use crate::ids::TemplateName;
 use crate::lifecycle::{AgentClient, Lifecycle};
+use crate::ordered::OrderedQueue;
 use crate::store::{BuildStatus, LogEntry, LogLevel, Store, StoreError, TemplateRecord};
 pub use collect::{Collected, BUILDS_KEPT};
 use layers::Layers;
@@ -41,6 +42,8 @@ pub const MAX_LOG_ENTRIES: u64 = 20_000;
 pub const MAX_LOG_BYTES: u64 = 4 << 20;
 /// The longest log line kept; a longer one is cut, with a note.
 pub const MAX_LOG_LINE: usize = 4096;
+/// The longest the end of a build waits for its log's lines to be written.
+const FLUSH_WAIT: Duration = Duration::from_secs(60);
 
 /// What to build: a base and the steps on top of it.
 #[derive(Debug, Clone)]
@@ -389,9 +392,7 @@ pub struct Failure {
 /// Steps write to it from anywhere, without waiting: one task appends the lines in order, and
 /// [`BuildLog::flushed`] waits for it before the build's end is recorded.
 pub(crate) struct BuildLog {
-    build: String,
-    lines: tokio::sync::mpsc::UnboundedSender<LogEntry>,
-    appender: tokio::task::JoinHandle<()>,
+    lines: OrderedQueue<LogEntry>,
     written: std::sync::atomic::AtomicU64,
     bytes: std::sync::atomic::AtomicU64,
     /// The log is full, and says so.
@@ -402,20 +403,20 @@ pub(crate) struct BuildLog {
 
 impl BuildLog {
     fn new(store: Arc<Store>, build: String) -> Self {
-        let (lines, mut written) = tokio::sync::mpsc::unbounded_channel::<LogEntry>();
-        let appending = build.clone();
-        let appender = tokio::spawn(async move {
-            while let Some(entry) = written.recv().await {
-                let append = store.templates().append_build_log(&appending, &entry);
-                if let Err(e) = append.await {
-                    tracing::warn!(build = %appending, error = %e, "writing the build log failed");
+        let lines = OrderedQueue::default();
+        if let Some(mut appender) = lines.writer() {
+            tokio::spawn(async move {
+                while let Some(entry) = appender.next().await {
+                    let append = store.templates().append_build_log(&build, &entry);
+                    if let Err(e) = append.await {
+                        tracing::warn!(build = %build, error = %e, "writing the build log failed");
+                    }
+                    appender.written();
                 }
-            }
-        });
+            });
+        }
         BuildLog {
-            build,
             lines,
-            appender,
             written: 0.into(),
             bytes: 0.into(),
             full: false.into(),
@@ -425,10 +426,7 @@ impl BuildLog {
 
     /// Waits until every line written is in the store.
     async fn flushed(self) {
-        drop(self.lines);
-        if let Err(e) = self.appender.await {
-            tracing::warn!(build = %self.build, error = %e, "the build log's writer failed");
-        }
+        self.lines.flush(FLUSH_WAIT).await
     }
 
     pub fn write(&self, level: LogLevel, step: Option<String>, message: &str) {
@@ -459,8 +457,7 @@ impl BuildLog {
             step,
             message,
         };
-        // It fails only if the appender is gone, which said why as it went.
-        let _ = self.lines.send(entry);
+        self.lines.push(entry);
     }
 
     /// Whether this is the first line past a cap: that one says the log is full.

@@ -1,13 +1,15 @@
 //! Sandboxes' lifecycle events, recorded as verbs succeed. A verb only queues its event; one
 //! task writes the queue in order ([`Lifecycle::run_events`]), so no verb waits for the
 //! database or fails with it, and a read that flushes first sees every verb answered before.
+//! Each event written is then offered to the webhooks' feed ([`Lifecycle::webhook_feed`]),
+//! which drops what it has no room for rather than hold the writer up.
 
 use super::Lifecycle;
+use crate::ordered::OrderedQueue;
 use crate::store::{EventType, SandboxEvent, SandboxRecord, Store, EVENT_RETENTION_US};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// The longest a read waits for the events queued before it to be written.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
@@ -18,26 +20,15 @@ const PURGE_EVERY: Duration = Duration::from_secs(3600);
 /// Tries at writing one event before it is given up (the database stayed unreachable).
 const WRITE_ATTEMPTS: u32 = 5;
 
-/// The queue of events not yet written, and how far its writer got.
-pub(super) struct Journal {
-    queue: mpsc::UnboundedSender<SandboxEvent>,
-    /// Taken by the writer when it starts.
-    unwritten: Mutex<Option<mpsc::UnboundedReceiver<SandboxEvent>>>,
-    queued: AtomicU64,
-    /// How many events the writer is done with (written or given up).
-    done: Arc<watch::Sender<u64>>,
-}
+/// Events written but not yet taken by the webhooks' deliverer; more are not delivered.
+const FEED_ROOM: usize = 1024;
 
-impl Default for Journal {
-    fn default() -> Self {
-        let (queue, unwritten) = mpsc::unbounded_channel();
-        Journal {
-            queue,
-            unwritten: Mutex::new(Some(unwritten)),
-            queued: AtomicU64::new(0),
-            done: Arc::new(watch::Sender::new(0)),
-        }
-    }
+/// The events not yet written, and where written ones go for webhooks.
+#[derive(Default)]
+pub(super) struct Journal {
+    queue: OrderedQueue<SandboxEvent>,
+    /// Set once someone delivers webhooks.
+    feed: Arc<OnceLock<mpsc::Sender<SandboxEvent>>>,
 }
 
 /// E2B's `eventData` of an update that moved the deadline to `end_at` (Unix seconds).
@@ -69,36 +60,40 @@ impl Lifecycle {
             build_id: r.template.to_string(),
             data,
         };
-        self.journal.queued.fetch_add(1, Ordering::SeqCst);
-        // Only fails once the writer's runtime is gone, when nothing reads events any more.
-        let _ = self.journal.queue.send(event);
+        self.journal.queue.push(event);
     }
 
     /// Waits (a while) until the events queued so far are written.
     pub async fn flush_events(&self) {
-        let queued = self.journal.queued.load(Ordering::SeqCst);
-        let mut done = self.journal.done.subscribe();
-        let _ = tokio::time::timeout(FLUSH_WAIT, done.wait_for(|n| *n >= queued)).await;
+        self.journal.queue.flush(FLUSH_WAIT).await
+    }
+
+    /// The events written from now on, in order, for webhooks. Bounded: when the reader falls
+    /// [`FEED_ROOM`] behind, later events are not delivered (they are still recorded). One
+    /// reader only; a second call gets none.
+    pub fn webhook_feed(&self) -> Option<mpsc::Receiver<SandboxEvent>> {
+        let (feed, events) = mpsc::channel(FEED_ROOM);
+        self.journal.feed.set(feed).ok().map(|()| events)
     }
 
     /// The writer: writes queued events in order, and hourly forgets those past retention.
     /// Runs for the process's life (the events of the last kills at a stop are written too).
     pub fn run_events(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let unwritten = self
-            .journal
-            .unwritten
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let (store, done) = (self.store.clone(), self.journal.done.clone());
+        let writer = self.journal.queue.writer();
+        let (store, feed) = (self.store.clone(), self.journal.feed.clone());
         async move {
-            let Some(mut unwritten) = unwritten else {
+            let Some(mut writer) = writer else {
                 return; // another writer runs
             };
             let mut next_purge = tokio::time::Instant::now();
-            while let Some(event) = unwritten.recv().await {
-                write(&store, &event).await;
-                done.send_modify(|n| *n += 1);
+            while let Some(event) = writer.next().await {
+                let written = write(&store, &event).await;
+                writer.written();
+                if let (true, Some(feed)) = (written, feed.get()) {
+                    if feed.try_send(event).is_err() {
+                        tracing::warn!("webhook deliveries are behind: an event is not delivered");
+                    }
+                }
                 if tokio::time::Instant::now() >= next_purge {
                     next_purge += PURGE_EVERY;
                     let cutoff = chrono::Utc::now().timestamp_micros() - EVENT_RETENTION_US;
@@ -111,18 +106,19 @@ impl Lifecycle {
     }
 }
 
-/// Writes one event, trying again while the database does not answer.
-async fn write(store: &Store, event: &SandboxEvent) {
+/// Writes one event, trying again while the database does not answer; whether it is written.
+async fn write(store: &Store, event: &SandboxEvent) -> bool {
     for attempt in 1..=WRITE_ATTEMPTS {
         match store.events().put(event).await {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(e) if attempt < WRITE_ATTEMPTS && e.is_unavailable() => {
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await
             }
             Err(e) => {
                 tracing::error!(sandbox = %event.sandbox_id, kind = event.kind.as_str(), error = %e, "recording a lifecycle event failed");
-                return;
+                return false;
             }
         }
     }
+    false
 }

@@ -39,8 +39,8 @@ impl IdempotencyRecords {
     }
 
     /// Claims `owner`'s `key` at `now` (Unix seconds) for a create whose request is
-    /// `fingerprint`, unless a live claim holds it. Claims past the window, and an abandoned
-    /// one of this key, are forgotten first.
+    /// `fingerprint`, unless a live claim holds it: one past the window, or one left
+    /// unanswered too long, is taken over by the insert itself.
     pub async fn claim(
         &self,
         owner: &str,
@@ -48,53 +48,71 @@ impl IdempotencyRecords {
         fingerprint: &str,
         now: i64,
     ) -> Result<Claim, StoreError> {
-        self.db
-            .execute(
-                "DELETE FROM idempotent_creates WHERE claimed_at < $1
-                   OR (owner = $2 AND key = $3 AND response IS NULL AND claimed_at < $4)",
-                &[
-                    (now - IDEMPOTENCY_WINDOW_SECS).into(),
-                    owner.into(),
-                    key.into(),
-                    (now - ABANDONED_AFTER_SECS).into(),
-                ],
-            )
-            .await?;
-        let params: [Value; 4] = [owner.into(), key.into(), fingerprint.into(), now.into()];
-        // A claim released between the insert and the read is claimed again. The conflict
-        // alone decides between concurrent claims: one insert wins, the others change nothing.
+        // The conflict alone decides between concurrent claims: one insert (or takeover)
+        // wins, the others change nothing.
+        let params: [Value; 6] = [
+            owner.into(),
+            key.into(),
+            fingerprint.into(),
+            now.into(),
+            (now - IDEMPOTENCY_WINDOW_SECS).into(),
+            (now - ABANDONED_AFTER_SECS).into(),
+        ];
+        // A claim released between the insert and the read is claimed again.
         loop {
             let won = self
                 .db
                 .execute(
                     "INSERT INTO idempotent_creates (owner, key, fingerprint, claimed_at)
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (owner, key) DO NOTHING",
+                     VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (owner, key) DO UPDATE
+                       SET fingerprint = excluded.fingerprint, claimed_at = excluded.claimed_at,
+                           response = NULL
+                       WHERE idempotent_creates.claimed_at < $5
+                          OR (idempotent_creates.response IS NULL
+                              AND idempotent_creates.claimed_at < $6)",
                     &params,
                 )
                 .await?;
             if won == 1 {
                 return Ok(Claim::Won);
             }
-            let held = self
-                .db
-                .query_opt(
-                    "SELECT fingerprint, response FROM idempotent_creates
-                     WHERE owner = $1 AND key = $2",
-                    &params[..2],
-                    |row| Ok((row.get::<String>(0)?, row.get::<Option<String>>(1)?)),
-                )
-                .await?;
-            match held {
-                Some((fingerprint, Some(response))) => {
-                    return Ok(Claim::Answered {
-                        fingerprint,
-                        response,
-                    })
-                }
-                Some((fingerprint, None)) => return Ok(Claim::Pending { fingerprint }),
-                None => continue,
+            if let Some(held) = self.held(owner, key).await? {
+                return Ok(held);
             }
         }
+    }
+
+    /// What holds `owner`'s `key` now, if anything: a read only, for creates that wait on
+    /// the one that claimed it.
+    pub async fn held(&self, owner: &str, key: &str) -> Result<Option<Claim>, StoreError> {
+        self.db
+            .query_opt(
+                "SELECT fingerprint, response FROM idempotent_creates
+                 WHERE owner = $1 AND key = $2",
+                &[owner.into(), key.into()],
+                |row| {
+                    let fingerprint = row.get::<String>(0)?;
+                    Ok(match row.get::<Option<String>>(1)? {
+                        Some(response) => Claim::Answered {
+                            fingerprint,
+                            response,
+                        },
+                        None => Claim::Pending { fingerprint },
+                    })
+                },
+            )
+            .await
+    }
+
+    /// Forgets the claims made before the window that ends at `now`; returns how many.
+    pub async fn forget_expired(&self, now: i64) -> Result<u64, StoreError> {
+        self.db
+            .execute(
+                "DELETE FROM idempotent_creates WHERE claimed_at < $1",
+                &[(now - IDEMPOTENCY_WINDOW_SECS).into()],
+            )
+            .await
     }
 
     /// Keeps the answer of the create that holds `owner`'s `key`.
@@ -167,11 +185,23 @@ pub(crate) async fn behaves(claims: &IdempotencyRecords) {
             .unwrap(),
         answered
     );
-    // A day later the key is free again.
+    // Waiting reads what holds a key, and changes nothing.
+    assert_eq!(
+        claims.held("k1", "key-1").await.unwrap(),
+        Some(answered.clone())
+    );
+    assert_eq!(claims.held("k1", "key-9").await.unwrap(), None);
+    // A day later the key is free again, purged or not.
     let later = now + IDEMPOTENCY_WINDOW_SECS + 1;
     assert_eq!(
         claims.claim("k1", "key-1", "body-c", later).await.unwrap(),
         Claim::Won
+    );
+    assert_eq!(
+        claims.held("k1", "key-1").await.unwrap(),
+        Some(Claim::Pending {
+            fingerprint: "body-c".into()
+        })
     );
 
     // A failed create releases its claim: the retry wins it.
@@ -200,6 +230,12 @@ pub(crate) async fn behaves(claims: &IdempotencyRecords) {
             .unwrap(),
         Claim::Won
     );
+
+    // The purge forgets what is past the window only: k2's claim (made at `now`), not k1's
+    // (taken over since).
+    assert_eq!(claims.forget_expired(later).await.unwrap(), 1);
+    assert_eq!(claims.held("k2", "key-1").await.unwrap(), None);
+    assert!(claims.held("k1", "key-1").await.unwrap().is_some());
 }
 
 #[cfg(test)]

@@ -63,6 +63,8 @@ pub struct ServeOptions {
     pub database: Option<String>,
     /// What a stop does to running sandboxes.
     pub on_exit: OnExit,
+    /// Webhooks may be sent to loopback, link-local and private addresses.
+    pub webhooks_allow_private: bool,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -122,7 +124,21 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         opts.limits,
         volumes.clone(),
     );
+    let webhooks = Arc::new(
+        airlock_core::webhook::Deliverer::new(driver.unreachable(), opts.webhooks_allow_private)
+            .context("setting up webhook deliveries")?,
+    );
+    if let Some(feed) = lifecycle.webhook_feed() {
+        tokio::spawn(http::webhooks::deliver(
+            store.clone(),
+            webhooks.clone(),
+            feed,
+        ));
+    }
     tokio::spawn(lifecycle.run_events());
+    tokio::spawn(http::idempotency::purge_expired(
+        store.idempotency().clone(),
+    ));
     let builder = Builder::new(
         store.clone(),
         driver,
@@ -176,6 +192,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         verbs: verbs.clone(),
         data_dir: data.root().to_owned(),
         node_name: opts.node_name,
+        webhooks,
         lifecycle: lifecycle.clone(),
         builder: builder.clone(),
         volumes: volumes.clone(),

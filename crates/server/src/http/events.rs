@@ -8,7 +8,7 @@ use crate::http::error::ApiError;
 use crate::http::sandboxes::TemplateNames;
 use crate::AppState;
 use airlock_core::ids::TemplateName;
-use airlock_core::store::{EventQuery, EventType, SandboxEvent, EVENT_RETENTION_US};
+use airlock_core::store::{EventQuery, EventType, SandboxEvent, Store, EVENT_RETENTION_US};
 use airlock_wire::events::SandboxEventBody;
 use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
@@ -37,7 +37,7 @@ pub(crate) async fn of_sandbox(
     if events.is_empty() && !had(&state, &caller, &id).await? {
         return Err(ApiError::not_found(format!("sandbox '{id}' not found")));
     }
-    Ok(Json(bodies(&state, events).await))
+    Ok(Json(bodies(&state.store, events).await))
 }
 
 /// All of the key's events.
@@ -53,7 +53,7 @@ pub(crate) async fn of_key(
         .events()
         .list(&caller.0, &query(&params, &types)?)
         .await?;
-    Ok(Json(bodies(&state, events).await))
+    Ok(Json(bodies(&state.store, events).await))
 }
 
 /// Whether the caller has sandbox `id` now, or had it within the events' retention.
@@ -75,13 +75,20 @@ fn retention_start() -> i64 {
 }
 
 fn types(params: &Params) -> Result<Vec<EventType>, ApiError> {
-    params
-        .iter()
-        .filter(|(name, _)| name == "types")
-        .map(|(_, t)| {
+    let named = params.iter().filter(|(name, _)| name == "types");
+    parse_types("types", named.map(|(_, t)| t.as_str()))
+}
+
+/// Event types by E2B's names; `what` names the field in the error.
+pub(crate) fn parse_types<'a>(
+    what: &str,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<Vec<EventType>, ApiError> {
+    names
+        .map(|t| {
             EventType::parse(t).ok_or_else(|| {
                 let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-                ApiError::bad_request(format!("types: '{t}' is not one of {}", known.join(", ")))
+                ApiError::bad_request(format!("{what}: '{t}' is not one of {}", known.join(", ")))
             })
         })
         .collect()
@@ -129,12 +136,13 @@ fn query<'a>(params: &Params, types: &'a [EventType]) -> Result<EventQuery<'a>, 
     })
 }
 
-async fn bodies(state: &AppState, events: Vec<SandboxEvent>) -> Vec<SandboxEventBody> {
+/// The events as the API shows them (and webhooks are sent them).
+pub(crate) async fn bodies(store: &Store, events: Vec<SandboxEvent>) -> Vec<SandboxEventBody> {
     let builds: Vec<TemplateName> = events
         .iter()
         .filter_map(|e| TemplateName::parse(&e.build_id).ok())
         .collect();
-    let names = TemplateNames::of_builds(&state.store, builds.iter()).await;
+    let names = TemplateNames::of_builds(store, builds.iter()).await;
     events.into_iter().map(|e| body(&names, e)).collect()
 }
 

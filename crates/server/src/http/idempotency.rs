@@ -22,6 +22,9 @@ const POLL: Duration = Duration::from_millis(50);
 /// The longest a duplicate waits for the first create's answer.
 const MAX_WAIT: Duration = Duration::from_secs(120);
 
+/// How often claims past their day are forgotten.
+const PURGE_EVERY: Duration = Duration::from_secs(3600);
+
 /// The request's `Idempotency-Key`, if it sent one: 1-255 visible ASCII characters (E2B's SDK
 /// sends lowercase letters, digits and hyphens).
 pub(crate) fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -50,7 +53,7 @@ pub(crate) fn fingerprint(route: &str, body: &serde_json::Value) -> String {
         .chain_update([0])
         .chain_update(body.to_string())
         .finalize();
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(digest)
 }
 
 /// Runs `create` once for `owner`'s `key`, and answers its JSON for every request with the
@@ -67,8 +70,8 @@ where
 {
     let deadline = tokio::time::Instant::now() + MAX_WAIT;
     let mut create = Some(create);
+    let mut claim = claims.claim(owner, key, fingerprint, now_unix()).await?;
     loop {
-        let claim = claims.claim(owner, key, fingerprint, now_unix()).await?;
         let held = match &claim {
             Claim::Won => None,
             Claim::Answered { fingerprint, .. } | Claim::Pending { fingerprint } => {
@@ -106,8 +109,26 @@ where
                     "a create with this Idempotency-Key is still at work; retry it later",
                 ))
             }
-            // Released meanwhile (it failed): the next round claims it.
-            Claim::Pending { .. } => tokio::time::sleep(POLL).await,
+            // A wait only reads; a claim released meanwhile (it failed) is claimed again.
+            Claim::Pending { .. } => {
+                tokio::time::sleep(POLL).await;
+                claim = match claims.held(owner, key).await? {
+                    Some(held) => held,
+                    None => claims.claim(owner, key, fingerprint, now_unix()).await?,
+                };
+            }
+        }
+    }
+}
+
+/// Forgets claims past their day, hourly, for the process's life. The next claim of such a
+/// key takes it over anyway: this only keeps the table from growing.
+pub(crate) async fn purge_expired(claims: IdempotencyRecords) {
+    let mut every = tokio::time::interval(PURGE_EVERY);
+    loop {
+        every.tick().await;
+        if let Err(e) = claims.forget_expired(now_unix()).await {
+            tracing::warn!(error = %e, "forgetting old Idempotency-Key claims failed");
         }
     }
 }

@@ -5,7 +5,7 @@
 pub mod auth;
 pub mod error;
 mod events;
-mod idempotency;
+pub(crate) mod idempotency;
 mod logs;
 mod metrics;
 mod nodes;
@@ -15,6 +15,7 @@ pub mod templates;
 pub mod validate;
 pub mod verbs;
 mod volumes;
+pub mod webhooks;
 
 use crate::AppState;
 use axum::routing::{delete, get, patch, post, put};
@@ -93,6 +94,16 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/templates/{id}/tags", get(tags::list))
         .route("/events/sandboxes", get(events::of_key))
         .route("/events/sandboxes/{id}", get(events::of_sandbox))
+        .route(
+            "/events/webhooks",
+            post(webhooks::register).get(webhooks::list),
+        )
+        .route(
+            "/events/webhooks/{id}",
+            get(webhooks::get)
+                .patch(webhooks::update)
+                .delete(webhooks::delete),
+        )
         .route("/volumes", post(volumes::create).get(volumes::list))
         .route("/volumes/{id}", get(volumes::info).delete(volumes::destroy))
         .route_layer(axum::middleware::from_fn_with_state(

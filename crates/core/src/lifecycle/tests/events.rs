@@ -7,6 +7,8 @@ use crate::store::{EventQuery, EventType};
 async fn each_verb_records_its_event_in_order_for_the_owner() {
     let driver = Arc::new(RecordingDriver::default());
     let (_dir, store, lc) = setup(driver, Limits::default()).await;
+    let mut feed = lc.webhook_feed().unwrap();
+    assert!(lc.webhook_feed().is_none(), "one reader only");
     tokio::spawn(lc.run_events());
     let sbx = lc.create(params()).await.unwrap();
     let id = sbx.id().to_string();
@@ -60,4 +62,11 @@ async fn each_verb_records_its_event_in_order_for_the_owner() {
     let network = &events[4].data.as_ref().unwrap()["set_network"];
     assert_eq!(network["allowPublicTraffic"], false);
     assert!(store.events().list("", &all).await.unwrap().is_empty());
+
+    // The webhooks' feed has each written event, in order.
+    let mut fed = Vec::new();
+    while let Ok(e) = feed.try_recv() {
+        fed.push(e);
+    }
+    assert_eq!(fed, events);
 }
