@@ -19,6 +19,8 @@ pub(crate) mod migrations;
 #[cfg(test)]
 mod postgres_tests;
 mod sandboxes;
+#[cfg(test)]
+mod sandboxes_tests;
 mod snapshots;
 mod tags;
 mod templates;

@@ -124,7 +124,7 @@ async fn postgres_keeps_snapshots_as_sqlite_does() {
 #[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
 async fn postgres_keeps_sandboxes_as_sqlite_does() {
     in_a_new_schema(|db| async move {
-        super::sandboxes::behaves(&super::SandboxRecords::new(db)).await
+        super::sandboxes_tests::behaves(&super::SandboxRecords::new(db)).await
     })
     .await;
 }

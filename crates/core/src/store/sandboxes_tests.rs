@@ -1,0 +1,184 @@
+//! What the sandbox catalog must do, on SQLite here and on PostgreSQL in `postgres_tests.rs`:
+//! the same checks on both.
+
+use super::{PauseMode, SandboxRecord, SandboxRecords, SandboxState, VolumeMount};
+use crate::driver::Resources;
+use crate::egress::Egress;
+use crate::ids::{SandboxId, TemplateName};
+use std::collections::BTreeMap;
+
+/// What the sandbox catalog must do.
+pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
+    const ROOMY: usize = 100;
+    // Admitted, a sandbox is in no list and answers to no id until it has started.
+    assert!(sandboxes.admit(&starting("a1"), ROOMY).await.unwrap());
+    let a1 = SandboxId::parse("a1").unwrap();
+    assert!(sandboxes.all().await.unwrap().is_empty());
+    assert_eq!(sandboxes.get(&a1).await.unwrap(), None);
+    sandboxes
+        .started(&a1, 0, "/t/rootfs".as_ref())
+        .await
+        .unwrap();
+    assert_eq!(sandboxes.get(&a1).await.unwrap(), Some(record("a1", 0)));
+
+    // A slot is its node's own.
+    assert!(sandboxes.admit(&starting("b2"), ROOMY).await.unwrap());
+    let b2 = SandboxId::parse("b2").unwrap();
+    assert!(
+        sandboxes
+            .started(&b2, 0, "/t/rootfs".as_ref())
+            .await
+            .is_err(),
+        "slot reuse on one node must fail"
+    );
+    sandboxes
+        .started(&b2, 1, "/t/rootfs".as_ref())
+        .await
+        .unwrap();
+    let mut elsewhere = record("c3", 0);
+    elsewhere.node = "n2".into();
+    start(sandboxes, &elsewhere).await;
+
+    assert!(sandboxes.set_end_at(&a1, 99).await.unwrap());
+    assert!(!sandboxes
+        .set_end_at(&SandboxId::parse("zz").unwrap(), 99)
+        .await
+        .unwrap());
+    let all = sandboxes.all().await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].end_at, 99);
+    assert_eq!(all[1], record("b2", 1));
+    assert_eq!(sandboxes.of_node("n2").await.unwrap(), [elsewhere]);
+    let open = Egress::from_request(Some(true), &[], &[]).unwrap();
+    sandboxes.set_network(&a1, &open, false).await.unwrap();
+    let a = sandboxes.get(&a1).await.unwrap().unwrap();
+    assert_eq!((a.egress, a.require_traffic_token), (open, false));
+
+    // Quotas count every node's sandboxes of the key: three run now, and one starting counts.
+    assert!(!sandboxes.admit(&starting("d4"), 3).await.unwrap());
+    assert!(sandboxes.admit(&starting("d4"), 4).await.unwrap());
+    assert!(!sandboxes.admit(&starting("e5"), 4).await.unwrap());
+    let mut other_key = starting("f6");
+    other_key.owner = Some("k2".into());
+    assert!(
+        sandboxes.admit(&other_key, 1).await.unwrap(),
+        "k2 runs none"
+    );
+
+    // A pausing sandbox counts as paused, a resuming one as running.
+    assert!(!sandboxes.begin_pause(&a1, 0).await.unwrap());
+    assert!(sandboxes.begin_pause(&a1, 1).await.unwrap());
+    assert!(!sandboxes.begin_pause(&b2, 1).await.unwrap());
+    let paused = SandboxState::Paused;
+    let mode = Some(PauseMode::Filesystem);
+    sandboxes
+        .set_state(&a1, paused, None, 0, mode)
+        .await
+        .unwrap();
+    // b2, c3 and d4 (starting) run.
+    assert!(!sandboxes.begin_resume(&a1, 3).await.unwrap());
+    assert!(sandboxes.begin_resume(&a1, 4).await.unwrap());
+    assert!(!sandboxes.admit(&starting("e5"), 4).await.unwrap());
+    sandboxes.end_transition(&a1).await.unwrap();
+    assert!(sandboxes.admit(&starting("e5"), 5).await.unwrap());
+    let a = sandboxes.get(&a1).await.unwrap().unwrap();
+    assert_eq!((a.state, a.slot, a.pause_mode), (paused, None, mode));
+
+    // A node's restart forgets its unfinished creates and takes the rows without a node.
+    let mut legacy = record("g7", 4);
+    legacy.node = String::new();
+    start(sandboxes, &legacy).await;
+    sandboxes.recover_node("n1").await.unwrap();
+    let ids = |records: Vec<SandboxRecord>| -> Vec<String> {
+        records.into_iter().map(|r| r.id.to_string()).collect()
+    };
+    assert_eq!(
+        ids(sandboxes.of_node("n1").await.unwrap()),
+        ["a1", "b2", "g7"]
+    );
+    assert!(
+        sandboxes.admit(&starting("d4"), 4).await.unwrap(),
+        "d4 was forgotten"
+    );
+
+    // A killed sandbox is seen until its cleanup is done, and counts in no quota.
+    sandboxes.stopping(&b2).await.unwrap();
+    assert!(sandboxes.get(&b2).await.unwrap().is_some());
+    assert!(
+        sandboxes.admit(&starting("e5"), 4).await.unwrap(),
+        "b2 no longer counts"
+    );
+    sandboxes.delete(&a1).await.unwrap();
+    assert_eq!(sandboxes.get(&a1).await.unwrap(), None);
+    sandboxes.recover_node("n1").await.unwrap();
+    assert_eq!(ids(sandboxes.of_node("n1").await.unwrap()), ["g7"]);
+
+    // Concurrent admissions against a quota of 3 for a new key admit exactly 3.
+    let racing = (0..16).map(|i| {
+        let mut r = starting(&format!("r{i}"));
+        r.owner = Some("k3".into());
+        async move { sandboxes.admit(&r, 3).await.unwrap() }
+    });
+    let admitted = futures::future::join_all(racing).await;
+    assert_eq!(admitted.iter().filter(|a| **a).count(), 3);
+}
+
+fn record(id: &str, slot: u32) -> SandboxRecord {
+    SandboxRecord {
+        id: SandboxId::parse(id).unwrap(),
+        template: TemplateName::parse("base").unwrap(),
+        rootfs: "/t/rootfs".into(),
+        state: SandboxState::Running,
+        slot: Some(slot),
+        access_token: Some("tok".into()),
+        metadata: BTreeMap::from([("k".into(), "v".into())]),
+        env_vars: BTreeMap::new(),
+        started_at_us: 10,
+        end_at: 20,
+        resources: Resources {
+            cpu_count: 2,
+            memory_mb: 1024,
+            disk_mb: 5120,
+        },
+        pause_on_timeout: true,
+        timeout_pause: PauseMode::Filesystem,
+        pause_mode: None,
+        auto_resume: false,
+        owner: Some("k1".into()),
+        egress: Egress::from_request(Some(false), &["1.1.1.1".into()], &[]).unwrap(),
+        traffic_access_token: Some("traffic".into()),
+        require_traffic_token: true,
+        volume_mounts: vec![VolumeMount {
+            volume_id: "v1".into(),
+            name: "data".into(),
+            path: "/mnt/data".into(),
+        }],
+        node: "n1".into(),
+    }
+}
+
+/// `record(id, _)` as a create admits it: before it has a slot.
+fn starting(id: &str) -> SandboxRecord {
+    SandboxRecord {
+        slot: None,
+        ..record(id, 0)
+    }
+}
+
+/// Admits `r` with room to spare and lists it as running.
+async fn start(sandboxes: &SandboxRecords, r: &SandboxRecord) {
+    let admitted = SandboxRecord {
+        slot: None,
+        ..r.clone()
+    };
+    assert!(sandboxes.admit(&admitted, usize::MAX).await.unwrap());
+    let slot = r.slot.expect("a running record has a slot");
+    sandboxes.started(&r.id, slot, &r.rootfs).await.unwrap();
+}
+
+#[tokio::test]
+async fn sandboxes_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(&dir.path().join("db")).unwrap();
+    behaves(store.sandboxes()).await;
+}
