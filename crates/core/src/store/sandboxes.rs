@@ -318,14 +318,9 @@ impl SandboxRecords {
         id: &SandboxId,
         paused_quota: usize,
     ) -> Result<bool, StoreError> {
-        let sql = format!(
-            "UPDATE sandboxes SET transition = 'pausing'
-             WHERE id = $1 AND state = 'running'
-               AND (SELECT COUNT(*) FROM sandboxes o WHERE {SAME_OWNER} AND {PAUSED_PLACE})
-                   < CAST($2 AS BIGINT)"
-        );
-        let params = [id.as_str().into(), limit(paused_quota).into()];
-        Ok(self.db.admit(&sql, &params).await? == 1)
+        let from = SandboxState::Running;
+        self.begin(id, from, "pausing", PAUSED_PLACE, paused_quota)
+            .await
     }
 
     /// Marks a paused sandbox resuming if its owner runs fewer than `running_quota`
@@ -336,13 +331,29 @@ impl SandboxRecords {
         id: &SandboxId,
         running_quota: usize,
     ) -> Result<bool, StoreError> {
+        let from = SandboxState::Paused;
+        self.begin(id, from, "resuming", RUNNING_PLACE, running_quota)
+            .await
+    }
+
+    /// Marks a sandbox in state `from` as at `transition` if its owner's rows that are in
+    /// `place` number fewer than `quota`.
+    async fn begin(
+        &self,
+        id: &SandboxId,
+        from: SandboxState,
+        transition: &str,
+        place: &str,
+        quota: usize,
+    ) -> Result<bool, StoreError> {
         let sql = format!(
-            "UPDATE sandboxes SET transition = 'resuming'
-             WHERE id = $1 AND state = 'paused'
-               AND (SELECT COUNT(*) FROM sandboxes o WHERE {SAME_OWNER} AND {RUNNING_PLACE})
-                   < CAST($2 AS BIGINT)"
+            "UPDATE sandboxes SET transition = '{transition}'
+             WHERE id = $1 AND state = '{}'
+               AND (SELECT COUNT(*) FROM sandboxes o WHERE {SAME_OWNER} AND {place})
+                   < CAST($2 AS BIGINT)",
+            from.as_str()
         );
-        let params = [id.as_str().into(), limit(running_quota).into()];
+        let params = [id.as_str().into(), limit(quota).into()];
         Ok(self.db.admit(&sql, &params).await? == 1)
     }
 
