@@ -16,6 +16,7 @@ mod events;
 mod idempotency;
 mod keys;
 pub(crate) mod migrations;
+mod paused_images;
 #[cfg(test)]
 mod postgres_tests;
 mod sandboxes;
@@ -30,6 +31,7 @@ pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel};
 pub use events::{EventQuery, EventRecords, EventType, SandboxEvent, EVENT_RETENTION_US};
 pub use idempotency::{Claim, IdempotencyRecords};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
+pub use paused_images::PausedImages;
 pub use sandboxes::{PauseMode, SandboxRecord, SandboxRecords, SandboxState};
 pub use snapshots::{SnapshotRecord, SnapshotRecords};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
@@ -85,6 +87,7 @@ pub struct Store {
     volumes: VolumeRecords,
     events: EventRecords,
     idempotency: IdempotencyRecords,
+    paused_images: PausedImages,
 }
 
 impl Store {
@@ -114,6 +117,7 @@ impl Store {
             events: EventRecords::new(db.clone()),
             idempotency: IdempotencyRecords::new(db.clone()),
             volumes: VolumeRecords::new(db.clone()),
+            paused_images: PausedImages::new(db.clone()),
             #[cfg(test)]
             db,
         })
@@ -152,6 +156,11 @@ impl Store {
     /// The claims of creates sent with an `Idempotency-Key`.
     pub fn idempotency(&self) -> &IdempotencyRecords {
         &self.idempotency
+    }
+
+    /// Which paused sandboxes' images are in object storage.
+    pub fn paused_images(&self) -> &PausedImages {
+        &self.paused_images
     }
 
     /// The SQLite connection itself, for tests that write what older versions wrote.

@@ -61,6 +61,8 @@ pub struct ServeOptions {
     pub node_name: String,
     /// What a stop does to running sandboxes.
     pub on_exit: OnExit,
+    /// Where paused images are kept too (`--object-store`), if anywhere.
+    pub object_store: Option<String>,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -119,6 +121,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         opts.limits,
         volumes.clone(),
     );
+    if let Some(url) = &opts.object_store {
+        let objects = airlock_core::objects::ImageObjects::open(url)
+            .context("opening the object store (--object-store)")?;
+        tracing::info!(store = %objects, "paused images are kept in object storage too");
+        lifecycle.use_object_store(objects);
+    }
     tokio::spawn(lifecycle.run_events());
     let builder = Builder::new(
         store.clone(),

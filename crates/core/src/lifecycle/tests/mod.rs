@@ -122,6 +122,9 @@ impl Driver for RecordingDriver {
         );
         Ok(self.place(spec))
     }
+    fn image_path(&self, image: &str) -> Result<std::path::PathBuf, DriverError> {
+        Ok(std::path::Path::new("/nonexistent").join(image))
+    }
     fn has_image(&self, image: &str) -> bool {
         self.images.lock().unwrap().contains(image)
     }
