@@ -27,14 +27,25 @@ const PART_BYTES: usize = 16 << 20;
 /// Parts of one file uploaded at once.
 const PARTS_AT_ONCE: usize = 4;
 const MANIFEST: &str = "manifest.json";
+/// How a request that failed is retried. The crate's default keeps trying for 3 minutes, which
+/// a pause that waits for its upload must not when the store is down.
+const RETRY: object_store::RetryConfig = object_store::RetryConfig {
+    backoff: object_store::BackoffConfig {
+        init_backoff: std::time::Duration::from_millis(100),
+        max_backoff: std::time::Duration::from_secs(2),
+        base: 2.0,
+    },
+    max_retries: 3,
+    retry_timeout: std::time::Duration::from_secs(10),
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectsError {
     #[error("object store URL '{url}': {detail}")]
     BadUrl { url: String, detail: String },
-    #[error("object storage")]
+    #[error("object storage: {0}")]
     Store(#[from] object_store::Error),
-    #[error("{what}")]
+    #[error("{what}: {source}")]
     Io {
         what: String,
         #[source]
@@ -98,7 +109,8 @@ impl ImageObjects {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let bucket = parsed.host_str().unwrap_or_default();
                 let mut builder = object_store::aws::AmazonS3Builder::from_env()
-                    .with_url(format!("s3://{bucket}"));
+                    .with_url(format!("s3://{bucket}"))
+                    .with_retry(RETRY);
                 for (key, value) in parsed.query_pairs() {
                     let key = key
                         .parse()

@@ -95,6 +95,17 @@ impl Lifecycle {
         }
     }
 
+    /// Whether sandbox `id`'s paused image is in object storage, where this server can fetch it.
+    pub(super) async fn paused_in_object_store(
+        &self,
+        id: &SandboxId,
+    ) -> Result<bool, LifecycleError> {
+        if self.remote.objects.get().is_none() {
+            return Ok(false);
+        }
+        Ok(self.store.paused_images().get(id).await?.is_some())
+    }
+
     /// Downloads sandbox `id`'s paused `image` from object storage, if it is recorded there;
     /// returns whether the image is now on this node's disk.
     pub(super) async fn fetch_paused(
@@ -121,13 +132,7 @@ impl Lifecycle {
             }
             Err(e) => {
                 count(&self.remote.download_failures);
-                let e = format!(
-                    "{e}: {}",
-                    std::error::Error::source(&e)
-                        .map(|s| s.to_string())
-                        .unwrap_or_default()
-                );
-                tracing::warn!(sandbox = %id, store = %objects, error = e, "downloading the paused image failed");
+                tracing::warn!(sandbox = %id, store = %objects, error = %e, "downloading the paused image failed");
                 Err(LifecycleError::ImageUnavailable(id.to_string()))
             }
         }
