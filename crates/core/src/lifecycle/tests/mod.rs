@@ -14,6 +14,7 @@ mod freezer;
 mod launches;
 mod parking;
 mod pool_plan;
+mod remote_images;
 mod shutdown;
 mod volume_caps;
 
