@@ -17,6 +17,10 @@ from test_operator_metrics import scrape, value
 COUNTER = ("n=0; while true; do n=$((n+1)); echo $n > /tmp/n.new; mv /tmp/n.new /tmp/n;"
            " sleep 0.1; done")
 
+# An object store where nothing listens.
+DOWN = ("s3://airlock-test?endpoint=http://127.0.0.1:9&allow_http=true&region=us-east-1"
+        "&access_key_id=a&secret_access_key=b")
+
 
 def paused_with_state(sbx):
     """Pauses `sbx` with a file on its disk and a process counting in memory; returns the count
@@ -93,13 +97,30 @@ def test_without_object_storage_the_same_deletion_makes_the_resume_fail(
 
 
 def test_a_pause_succeeds_when_object_storage_is_down(server, restarted, sandbox_factory):
-    # Nothing listens at this endpoint: the upload fails, the image stays on this host.
-    down = "s3://nowhere?endpoint=http://127.0.0.1:9&allow_http=true&region=us-east-1" \
-        "&access_key_id=a&secret_access_key=b"
-    restarted("--object-store", down, "--paused-memory-mb", "0")
+    # The upload fails, the image stays on this host.
+    restarted("--object-store", DOWN, "--paused-memory-mb", "0")
     sbx = sandbox_factory()
     before = paused_with_state(sbx)
     assert value(scrape(server), "airlock_paused_image_uploads_total", outcome="failed") >= 1
+    sbx.connect()
+    assert sbx.files.read("/home/user/kept") == "written before the pause"
+    assert int(sbx.files.read("/tmp/n")) >= before
+
+
+def test_a_restart_keeps_a_sandbox_whose_image_is_only_in_object_storage(
+        server, restarted, s3, sandbox_factory):
+    url, bucket = s3
+    restarted("--object-store", url, "--paused-memory-mb", "0")
+    sbx = sandbox_factory()
+    before = paused_with_state(sbx)
+    delete_local_image(server, sbx)
+    # Back with object storage unreachable: kept as paused, and its resume says to try again.
+    restarted("--object-store", DOWN, "--paused-memory-mb", "0")
+    status, body = server.api("POST", f"/sandboxes/{sbx.sandbox_id}/resume", {})
+    assert status == 503 and "could not be fetched from object storage" in body["message"], body
+    assert objects_of(bucket, sbx), "the image is still there"
+    # Back with it: the resume downloads it.
+    restarted("--object-store", url, "--paused-memory-mb", "0")
     sbx.connect()
     assert sbx.files.read("/home/user/kept") == "written before the pause"
     assert int(sbx.files.read("/tmp/n")) >= before

@@ -110,12 +110,14 @@ impl From<LifecycleError> for ApiError {
             | LifecycleError::AlreadyRunning(_)
             | LifecycleError::Busy(_) => StatusCode::CONFLICT,
             // Says what is full and how much is needed; nothing in it is secret.
-            LifecycleError::GuestUnresponsive(_) | LifecycleError::ImageUnavailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            LifecycleError::GuestUnresponsive(_) => StatusCode::SERVICE_UNAVAILABLE,
             // Names only the sandbox, and what its owner can do.
             LifecycleError::ImageGone(_) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+            }
+            // The same; the store's own error is in the log only.
+            LifecycleError::ImageUnavailable(_) => {
+                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string());
             }
             LifecycleError::NoSpace(_) => {
                 tracing::warn!(error = %err, "checkpoint refused");
