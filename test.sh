@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite, one command: installs what is missing, builds, checks formatting and
-# clippy's lints, runs the Rust unit tests and the store's tests on a private PostgreSQL,
+# clippy's lints, runs the Rust unit tests and the store's tests on a private PostgreSQL, starts a
+# private S3 server (scripts/s3.sh) for the object storage's tests, Rust and integration ones,
 # builds the `base` and `code-interpreter-v1` templates (cached by content hash), runs a short,
 # bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 . scripts/templates-dir.sh
-own_data_dir="" postgres_dir=""
+own_data_dir="" postgres_dir="" s3_dir=""
 stop_postgres() {
   if [ -n "$postgres_dir" ]; then
     scripts/postgres.sh stop "$postgres_dir" || true
@@ -29,6 +30,7 @@ stop_postgres() {
 }
 cleanup() {
   stop_postgres
+  if [ -n "$s3_dir" ]; then scripts/s3.sh stop "$s3_dir" || true; rm -rf "$s3_dir"; fi
   # --one-file-system: never into anything a failed run left mounted there.
   if [ -n "$own_data_dir" ]; then rm -rf --one-file-system "$own_data_dir"; fi
 }
@@ -57,6 +59,14 @@ grep "test result" <<<"$postgres_tests"
 grep -q "test result: ok. [1-9]" <<<"$postgres_tests" ||
   { echo "no PostgreSQL test ran" >&2; exit 1; }
 stop_postgres
+echo "==> object storage on a real S3 server (kept for the integration tests)"
+s3_dir=$(mktemp -d /var/tmp/airlock-s3.XXXXXX)
+s3_env=$(scripts/s3.sh start "$s3_dir")
+eval "$s3_env"
+s3_tests=$(cargo test --locked --release -p airlock-core --lib s3_ -- --ignored 2>&1) ||
+  { echo "$s3_tests"; exit 1; }
+grep "test result" <<<"$s3_tests"
+grep -q "test result: ok. [1-9]" <<<"$s3_tests" || { echo "no S3 test ran" >&2; exit 1; }
 echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086

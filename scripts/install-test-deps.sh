@@ -4,7 +4,9 @@
 # make images and push them to it (`umoci`, `skopeo`), `htpasswd` (apache2-utils) for a registry
 # that needs credentials, musl's compiler for an image with no glibc in it, and a headless
 # Chromium that drives the web dashboard, and PostgreSQL (Debian's server, run by
-# scripts/postgres.sh in a directory of its own) for the store's PostgreSQL tests. Safe to run again: it only installs what is missing.
+# scripts/postgres.sh in a directory of its own) for the store's PostgreSQL tests, and s3s-fs
+# (crates.io, built once by scripts/s3.sh) as a real S3 server for the object storage's tests.
+# Safe to run again: it only installs what is missing.
 set -euo pipefail
 
 missing=()
@@ -31,3 +33,6 @@ fi
 # The older SDKs the suite also runs with (see test.sh), in a venv of their own.
 "$(dirname "$0")/python-env.sh" "$(dirname "$0")/../.venv-compat" \
   "$(dirname "$0")/../tests/requirements-compat.txt"
+
+# A real S3 server (built once, about 2 minutes, then cached under /var/cache/airlock/tools).
+"$(dirname "$0")/s3.sh" install

@@ -44,6 +44,23 @@ def outside():
 
 
 @pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 server (s3s-fs, by scripts/s3.sh): ./test.sh's, named by AIRLOCK_TEST_S3_URL
+    and AIRLOCK_TEST_S3_DIR, else one of this session's own. Yields (an `--object-store` URL,
+    the directory its bucket's objects are in as files)."""
+    if os.environ.get("AIRLOCK_TEST_S3_URL"):
+        yield os.environ["AIRLOCK_TEST_S3_URL"], Path(os.environ["AIRLOCK_TEST_S3_DIR"])
+        return
+    root = Path(__file__).resolve().parents[2]
+    home = tmp_path_factory.mktemp("s3")
+    out = subprocess.run([root / "scripts" / "s3.sh", "start", str(home)], check=True,
+                         capture_output=True, text=True).stdout
+    env = dict(re.findall(r"export (\w+)='([^']*)'", out))
+    yield env["AIRLOCK_TEST_S3_URL"], Path(env["AIRLOCK_TEST_S3_DIR"])
+    subprocess.run([root / "scripts" / "s3.sh", "stop", str(home)], check=False)
+
+
+@pytest.fixture(scope="session")
 def server(registry, private_registry):
     if not os.environ.get("AIRLOCK_TEST_DATA_DIR"):
         pytest.exit("run ./test.sh, or set AIRLOCK_TEST_DATA_DIR to a data dir that "

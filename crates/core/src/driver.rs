@@ -123,6 +123,11 @@ pub trait Driver: Send + Sync + 'static {
     /// checkpoint left them. `spec.rootfs` must be the rootfs the image was taken over.
     async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<Placement, DriverError>;
 
+    /// The directory an image's files are in (whether it exists or not): plain files, which a
+    /// copy elsewhere restores as they are. The driver deletes leftovers named
+    /// `.{image}.partial` beside it, as of its own checkpoints.
+    fn image_path(&self, image: &str) -> Result<PathBuf, DriverError>;
+
     /// Whether the image exists.
     fn has_image(&self, image: &str) -> bool;
 

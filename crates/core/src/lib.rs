@@ -10,6 +10,7 @@ pub use airlock_wire::egress;
 pub mod ids;
 pub mod keys;
 pub mod lifecycle;
+pub mod objects;
 mod ordered;
 pub mod store;
 pub mod template;

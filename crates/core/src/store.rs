@@ -16,6 +16,7 @@ mod events;
 mod idempotency;
 mod keys;
 pub(crate) mod migrations;
+mod paused_images;
 #[cfg(test)]
 mod postgres_tests;
 mod sandboxes;
@@ -33,6 +34,7 @@ pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel};
 pub use events::{EventQuery, EventRecords, EventType, SandboxEvent, EVENT_RETENTION_US};
 pub use idempotency::{Claim, IdempotencyRecords};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
+pub use paused_images::PausedImages;
 pub use sandboxes::{PauseMode, SandboxRecord, SandboxRecords, SandboxState};
 pub use snapshots::{SnapshotRecord, SnapshotRecords};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
@@ -90,6 +92,7 @@ pub struct Store {
     events: EventRecords,
     idempotency: IdempotencyRecords,
     webhooks: WebhookRecords,
+    paused_images: PausedImages,
 }
 
 impl Store {
@@ -130,6 +133,7 @@ impl Store {
             idempotency: IdempotencyRecords::new(db.clone()),
             webhooks: WebhookRecords::new(db.clone()),
             volumes: VolumeRecords::new(db.clone()),
+            paused_images: PausedImages::new(db.clone()),
             #[cfg(test)]
             db,
         }
@@ -173,6 +177,11 @@ impl Store {
     /// The keys' webhooks.
     pub fn webhooks(&self) -> &WebhookRecords {
         &self.webhooks
+    }
+
+    /// Which paused sandboxes' images are in object storage.
+    pub fn paused_images(&self) -> &PausedImages {
+        &self.paused_images
     }
 
     /// The SQLite connection itself, for tests that write what older versions wrote.

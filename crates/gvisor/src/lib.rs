@@ -428,6 +428,10 @@ impl Driver for GvisorDriver {
         result
     }
 
+    fn image_path(&self, image: &str) -> Result<PathBuf, DriverError> {
+        self.image_dir(image)
+    }
+
     fn has_image(&self, image: &str) -> bool {
         self.image_dir(image).is_ok_and(|d| d.is_dir())
     }

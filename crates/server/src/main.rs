@@ -219,6 +219,14 @@ enum Command {
         /// 0 lets every paused sandbox's runtime go at once.
         #[arg(long, default_value_t = 1024, env = "AIRLOCK_PAUSED_MEMORY_MB")]
         paused_memory_mb: u64,
+        /// Also keeps paused sandboxes' images in object storage, so that another node can
+        /// resume them: `s3://BUCKET[/PREFIX]`, with its endpoint and credentials from the
+        /// standard AWS_* variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) or the URL's
+        /// query (`?endpoint=http://127.0.0.1:9000&allow_http=true`), or `file:///DIR`. A pause
+        /// uploads the image before it is recorded paused; if the upload fails, the pause still
+        /// succeeds and the image stays on this host only. The local copy is kept.
+        #[arg(long, value_name = "URL", env = "AIRLOCK_OBJECT_STORE")]
+        object_store: Option<String>,
         /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).
         #[arg(long, default_value_t = 8)]
         max_cpu_count: u32,
@@ -467,6 +475,7 @@ async fn run(cli: Cli) -> ExitCode {
             pool_restores_per_min,
             freeze_after_ms,
             paused_memory_mb,
+            object_store,
             max_cpu_count,
             max_memory_mb,
             max_disk_mb,
@@ -507,6 +516,7 @@ async fn run(cli: Cli) -> ExitCode {
                 domain,
                 node_name: node_name.unwrap_or_else(host_node_name),
                 database: cli.database.clone(),
+                object_store,
                 on_exit: if stop_sandboxes_on_exit {
                     OnExit::StopSandboxes
                 } else {

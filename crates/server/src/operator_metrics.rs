@@ -292,6 +292,26 @@ fn encode_load(load: &HostLoad, encoder: &mut DescriptorEncoder) -> Result<(), s
         let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
         ConstCounter::new(n).encode(metric)?;
     }
+    let transfers = load.image_transfers;
+    for (name, help, ok, failed) in [
+        (
+            "airlock_paused_image_uploads",
+            "Paused images uploaded to object storage (--object-store) since the server started; a failed one stays on this host only",
+            transfers.uploads,
+            transfers.upload_failures,
+        ),
+        (
+            "airlock_paused_image_downloads",
+            "Paused images downloaded from object storage for a resume since the server started",
+            transfers.downloads,
+            transfers.download_failures,
+        ),
+    ] {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (outcome, n) in [("ok", ok), ("failed", failed)] {
+            ConstCounter::new(n).encode(family.encode_family(&[("outcome", outcome)])?)?;
+        }
+    }
     let mut by_key = encoder.encode_descriptor(
         "airlock_key_sandboxes",
         "Sandboxes of each API key (by the id `airlock key ls` shows), by state",
@@ -374,6 +394,12 @@ mod tests {
                 evictions: 2,
                 wasted: 1,
             },
+            image_transfers: airlock_core::lifecycle::ImageTransfers {
+                uploads: 4,
+                upload_failures: 1,
+                downloads: 2,
+                download_failures: 0,
+            },
             per_key: vec![("0123456789ab".into(), 2, 1)],
         };
         let mut registry = Registry::default();
@@ -405,6 +431,8 @@ mod tests {
             "airlock_pool_restores_total 7",
             "airlock_pool_evictions_total 2",
             "airlock_pool_wasted_restores_total 1",
+            "airlock_paused_image_uploads_total{outcome=\"failed\"} 1",
+            "airlock_paused_image_downloads_total{outcome=\"ok\"} 2",
             "airlock_key_sandboxes{key=\"0123456789ab\",state=\"running\"} 2",
             "airlock_key_sandboxes{key=\"0123456789ab\",state=\"paused\"} 1",
         ] {

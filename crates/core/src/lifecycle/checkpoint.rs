@@ -112,6 +112,8 @@ impl Lifecycle {
                 tracing::warn!(sandbox = %record.id, error = %e, "reading its log after its checkpoint failed");
                 Vec::new()
             });
+        // Before the catalog says paused, so that another node can resume it from there.
+        self.upload_paused(&record.id, &image).await;
         let stored = self
             .store
             .sandboxes()
@@ -125,6 +127,7 @@ impl Lifecycle {
             .await;
         if let Err(e) = stored {
             let _ = self.driver.delete_image(&image).await;
+            self.forget_paused(&record.id, false).await;
             return back(e.into());
         }
         let parked = self.park(&record.id, placement, &record.egress);
@@ -187,10 +190,22 @@ impl Lifecycle {
         let turn = launch.turn;
         let spec = launch.spec(&record.id, &record.rootfs);
         let image = paused_image(&record.id);
-        if !self.driver.has_image(&image) {
-            tracing::error!(sandbox = %record.id, image, "the paused image is gone; cannot resume");
+        let here = match self.driver.has_image(&image) {
+            true => Ok(true),
+            // Paused on another node, or this disk lost it: object storage may have it.
+            false => self.fetch_paused(&record.id, &image).await,
+        };
+        let gone = match here {
+            Ok(true) => None,
+            Ok(false) => {
+                tracing::error!(sandbox = %record.id, image, "the paused image is gone; cannot resume");
+                Some(LifecycleError::ImageGone(id.to_owned()))
+            }
+            Err(e) => Some(e),
+        };
+        if let Some(e) = gone {
             sandbox.set_phase(Phase::Paused, None);
-            return Err(LifecycleError::ImageGone(id.to_owned()));
+            return Err(e);
         }
         let thawed = match sandbox.take_parked() {
             Some(parked) => self.unpark(sandbox, parked).await,
@@ -235,6 +250,7 @@ impl Lifecycle {
         if let Err(e) = self.driver.delete_image(&image).await {
             tracing::warn!(sandbox = %record.id, error = %e, "deleting the resumed image failed");
         }
+        self.forget_paused(&record.id, false).await;
         sandbox.update_record(|r| {
             r.end_at = end_at;
             r.pause_mode = None;

@@ -32,6 +32,7 @@ impl Lifecycle {
         self.emit(&sandbox.record(), EventType::Killed, None);
         let id = sandbox.id().clone();
         if placement.is_none() {
+            self.forget_paused(&id, true).await;
             let driver = self.driver.clone();
             let id = id.clone();
             self.destroying.spawn(async move {

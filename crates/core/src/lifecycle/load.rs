@@ -36,6 +36,8 @@ pub struct HostLoad {
     pub golden_images_made: u64,
     pub golden_images_failed: u64,
     pub pool_churn: PoolChurn,
+    /// Paused images moved to and from object storage.
+    pub image_transfers: super::ImageTransfers,
     /// Running and paused sandboxes of each API key (by key id), in that order.
     pub per_key: Vec<(String, usize, usize)>,
 }
@@ -115,6 +117,7 @@ impl Lifecycle {
             golden_images_made,
             golden_images_failed,
             pool_churn: self.pool_churn(),
+            image_transfers: self.image_transfers(),
             per_key: per_key
                 .into_iter()
                 .map(|(key, (running, paused))| (key, running, paused))

@@ -36,6 +36,7 @@ mod pools;
 mod quotas;
 mod recovery;
 mod registry;
+mod remote_images;
 mod sandbox;
 mod start_cmd;
 #[cfg(test)]
@@ -46,6 +47,7 @@ pub use load::{
     memory_sized_max_sandboxes, HostLoad, PoolChurn, PoolLoad, HOST_RESERVE_MB, IDLE_SANDBOX_MB,
 };
 pub use recovery::{adoptable_policies, RecoveryReport};
+pub use remote_images::ImageTransfers;
 pub use sandbox::{Awake, Phase, Sandbox};
 
 use crate::driver::{Driver, DriverError, Resources};
@@ -307,6 +309,9 @@ pub enum LifecycleError {
         "sandbox '{0}' cannot be resumed: its paused image is gone from the server's disk; kill it"
     )]
     ImageGone(String),
+    /// Its image is in object storage only, and could not be fetched from there now.
+    #[error("sandbox '{0}' cannot be resumed now: its paused image could not be fetched from object storage; try again")]
+    ImageUnavailable(String),
     #[error("state store failed")]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -361,6 +366,8 @@ pub struct Lifecycle {
     metrics: metrics::Metrics,
     /// Lifecycle events not yet written.
     journal: events::Journal,
+    /// Paused images in object storage, if the server keeps them there.
+    remote: remote_images::RemoteImages,
 }
 
 pub fn now_unix() -> i64 {
@@ -405,6 +412,7 @@ impl Lifecycle {
             destroying: TaskTracker::new(),
             metrics: metrics::Metrics::default(),
             journal: events::Journal::default(),
+            remote: remote_images::RemoteImages::default(),
         })
     }
 

@@ -43,8 +43,8 @@ pub async fn adoptable_policies(
 
 impl Lifecycle {
     /// Adopts every recorded running sandbox whose runtime and agent still answer, destroys the
-    /// rest, keeps paused ones whose image is there, then sweeps host resources and images that
-    /// no record names.
+    /// rest, keeps paused ones whose image is on disk or in object storage, then sweeps host
+    /// resources and images that no record names.
     pub async fn recover(&self) -> Result<RecoveryReport, LifecycleError> {
         let mut report = RecoveryReport::default();
         let mut running = Vec::new();
@@ -52,7 +52,10 @@ impl Lifecycle {
         for record in self.store.sandboxes().of_node(&self.node).await? {
             match (record.state, record.slot) {
                 (SandboxState::Paused, _) => {
-                    if self.driver.has_image(&paused_image(&record.id)) {
+                    let image = paused_image(&record.id);
+                    let kept = self.driver.has_image(&image)
+                        || self.paused_in_object_store(&record.id).await?;
+                    if kept {
                         report.paused.push(record.id.clone());
                         self.sandboxes
                             .adopt(Sandbox::new(record, Phase::Paused, None));

@@ -185,3 +185,12 @@ async fn postgres_keeps_webhooks_as_sqlite_does() {
     )
     .await;
 }
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_paused_images_as_sqlite_does() {
+    in_a_new_schema(|db| async move {
+        super::paused_images::behaves(&super::PausedImages::new(db)).await
+    })
+    .await;
+}

@@ -65,6 +65,8 @@ pub struct ServeOptions {
     pub on_exit: OnExit,
     /// Webhooks may be sent to loopback, link-local and private addresses.
     pub webhooks_allow_private: bool,
+    /// Where paused images are kept too (`--object-store`), if anywhere.
+    pub object_store: Option<String>,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -134,6 +136,12 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             webhooks.clone(),
             feed,
         ));
+    }
+    if let Some(url) = &opts.object_store {
+        let objects = airlock_core::objects::ImageObjects::open(url)
+            .context("opening the object store (--object-store)")?;
+        tracing::info!(store = %objects, "paused images are kept in object storage too");
+        lifecycle.use_object_store(objects);
     }
     tokio::spawn(lifecycle.run_events());
     tokio::spawn(http::idempotency::purge_expired(

@@ -115,6 +115,10 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::ImageGone(_) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
             }
+            // The same; the store's own error is in the log only.
+            LifecycleError::ImageUnavailable(_) => {
+                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string());
+            }
             LifecycleError::NoSpace(_) => {
                 tracing::warn!(error = %err, "checkpoint refused");
                 return ApiError::new(StatusCode::INSUFFICIENT_STORAGE, err.to_string());

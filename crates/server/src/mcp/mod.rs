@@ -46,7 +46,8 @@ const INSTRUCTIONS: &str = "Airlock runs code in isolated Linux sandboxes. run_c
 enum Api {
     /// stdio: one client, with the key `airlock mcp` was given; local files are the user's,
     /// in one directory.
-    Fixed(Client, FilesDir),
+    /// (Boxed: a client is large, and the other variant small.)
+    Fixed(Box<Client>, FilesDir),
     /// HTTP: the server itself over loopback, with the key of each request.
     PerRequest { base: String },
 }
@@ -61,7 +62,7 @@ impl AirlockMcp {
     /// The client for this call, and how it finds its default sandbox.
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<(Client, Scope), String> {
         match &self.api {
-            Api::Fixed(client, _) => Ok((client.clone(), Scope::Session)),
+            Api::Fixed(client, _) => Ok((Client::clone(client), Scope::Session)),
             Api::PerRequest { base } => {
                 let parts = ctx.extensions.get::<http::request::Parts>();
                 let key = parts.and_then(|p| p.extensions.get::<CallerKey>());
@@ -201,7 +202,7 @@ pub async fn stdio(
     let files = FilesDir::new(files_dir).map_err(|e| ClientError::Failed(e.to_string()))?;
     let sandboxes = Arc::new(SessionSandboxes::new(template, timeout));
     let handler = AirlockMcp {
-        api: Api::Fixed(client, files),
+        api: Api::Fixed(Box::new(client), files),
         sandboxes: sandboxes.clone(),
     };
     let failed = |e: String| ClientError::Failed(format!("MCP over stdio: {e}"));

@@ -14,6 +14,7 @@ mod freezer;
 mod launches;
 mod parking;
 mod pool_plan;
+mod remote_images;
 mod shutdown;
 mod volume_caps;
 
@@ -121,6 +122,9 @@ impl Driver for RecordingDriver {
             "no image {image}"
         );
         Ok(self.place(spec))
+    }
+    fn image_path(&self, image: &str) -> Result<std::path::PathBuf, DriverError> {
+        Ok(std::path::Path::new("/nonexistent").join(image))
     }
     fn has_image(&self, image: &str) -> bool {
         self.images.lock().unwrap().contains(image)

@@ -1,0 +1,172 @@
+//! Paused images in object storage (`serve --object-store`), so that a sandbox paused on one
+//! node can be resumed on another. A pause uploads the image before the sandbox is recorded
+//! paused, and records where (`store::PausedImages`); the local copy stays, so a resume on the
+//! same node needs no download. A resume whose local image is missing downloads it. The image
+//! is spent once resumed, and gone with its sandbox's kill, in object storage as on disk.
+//!
+//! Object storage is a copy, never a condition: a pause whose upload fails still succeeds (the
+//! image stays on this node's disk only, and the failure is logged and counted).
+
+use super::{Lifecycle, LifecycleError};
+use crate::ids::SandboxId;
+use crate::objects::ImageObjects;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Paused images moved to and from object storage since the server started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImageTransfers {
+    pub uploads: u64,
+    pub upload_failures: u64,
+    pub downloads: u64,
+    pub download_failures: u64,
+}
+
+/// The object store, once set, and what went through it.
+#[derive(Default)]
+pub(super) struct RemoteImages {
+    objects: OnceLock<ImageObjects>,
+    uploads: AtomicU64,
+    upload_failures: AtomicU64,
+    downloads: AtomicU64,
+    download_failures: AtomicU64,
+}
+
+fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Lifecycle {
+    /// Keeps paused images in `objects` from now on (set once, before serving); false if a
+    /// store was set already.
+    pub fn use_object_store(&self, objects: ImageObjects) -> bool {
+        self.remote.objects.set(objects).is_ok()
+    }
+
+    /// What went to and from object storage.
+    pub fn image_transfers(&self) -> ImageTransfers {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ImageTransfers {
+            uploads: read(&self.remote.uploads),
+            upload_failures: read(&self.remote.upload_failures),
+            downloads: read(&self.remote.downloads),
+            download_failures: read(&self.remote.download_failures),
+        }
+    }
+
+    /// Uploads sandbox `id`'s paused `image` and records where, if there is an object store.
+    /// A failure is logged and counted, and leaves no record: the image is then on this
+    /// node's disk only.
+    pub(super) async fn upload_paused(&self, id: &SandboxId, image: &str) {
+        let Some(objects) = self.remote.objects.get() else {
+            return;
+        };
+        // Time-ordered and new for each pause (see objects::paused_prefix).
+        let generation = chrono::Utc::now().timestamp_micros().to_string();
+        let prefix = crate::objects::paused_prefix(id, &generation);
+        let started = std::time::Instant::now();
+        let uploaded = match self.driver.image_path(image) {
+            Ok(dir) => objects
+                .upload(&prefix, &dir)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let recorded = match uploaded {
+            Ok(bytes) => self
+                .store
+                .paused_images()
+                .put(id, &prefix, bytes)
+                .await
+                .map(|()| bytes)
+                .map_err(|e| format!("recording it: {e}")),
+            Err(e) => Err(e),
+        };
+        match recorded {
+            Ok(bytes) => {
+                count(&self.remote.uploads);
+                tracing::info!(sandbox = %id, object = prefix, bytes, elapsed = ?started.elapsed(), "paused image uploaded");
+            }
+            Err(e) => {
+                count(&self.remote.upload_failures);
+                tracing::warn!(sandbox = %id, store = %objects, error = e, "uploading the paused image failed; it stays on this node only");
+                let _ = objects.delete(&prefix).await;
+            }
+        }
+    }
+
+    /// Whether sandbox `id`'s paused image is in object storage, where this server can fetch it.
+    pub(super) async fn paused_in_object_store(
+        &self,
+        id: &SandboxId,
+    ) -> Result<bool, LifecycleError> {
+        if self.remote.objects.get().is_none() {
+            return Ok(false);
+        }
+        Ok(self.store.paused_images().get(id).await?.is_some())
+    }
+
+    /// Downloads sandbox `id`'s paused `image` from object storage, if it is recorded there;
+    /// returns whether the image is now on this node's disk.
+    pub(super) async fn fetch_paused(
+        &self,
+        id: &SandboxId,
+        image: &str,
+    ) -> Result<bool, LifecycleError> {
+        let Some(objects) = self.remote.objects.get() else {
+            return Ok(false);
+        };
+        let Some(prefix) = self.store.paused_images().get(id).await? else {
+            return Ok(false);
+        };
+        let dir = self
+            .driver
+            .image_path(image)
+            .map_err(LifecycleError::Driver)?;
+        let started = std::time::Instant::now();
+        match objects.download(&prefix, &dir).await {
+            Ok(bytes) => {
+                count(&self.remote.downloads);
+                tracing::info!(sandbox = %id, object = prefix, bytes, elapsed = ?started.elapsed(), "paused image downloaded");
+                Ok(true)
+            }
+            Err(e) => {
+                count(&self.remote.download_failures);
+                tracing::warn!(sandbox = %id, store = %objects, error = %e, "downloading the paused image failed");
+                Err(LifecycleError::ImageUnavailable(id.to_string()))
+            }
+        }
+    }
+
+    /// Forgets sandbox `id`'s paused image in object storage (a resume spent it): its record
+    /// now, its objects in the background. With `all`, every image of the sandbox (a kill).
+    pub(super) async fn forget_paused(&self, id: &SandboxId, all: bool) {
+        let Some(objects) = self.remote.objects.get() else {
+            return;
+        };
+        let prefix = match self.store.paused_images().get(id).await {
+            Ok(prefix) => prefix,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "reading where its paused image is failed");
+                None
+            }
+        };
+        if prefix.is_none() && !all {
+            return;
+        }
+        if let Err(e) = self.store.paused_images().delete(id).await {
+            tracing::warn!(sandbox = %id, error = %e, "forgetting its paused image failed");
+        }
+        let (objects, id) = (objects.clone(), id.clone());
+        self.destroying.spawn(async move {
+            // Only the spent generation on a resume: a pause right after writes a new one.
+            let deleted = match (all, prefix) {
+                (false, Some(prefix)) => objects.delete(&prefix).await,
+                _ => objects.delete_sandbox(&id).await,
+            };
+            if let Err(e) = deleted {
+                tracing::warn!(sandbox = %id, error = %e, "deleting its paused image from object storage failed");
+            }
+        });
+    }
+}
