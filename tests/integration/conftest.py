@@ -175,10 +175,12 @@ def sandbox(sandbox_factory):
     return sandbox_factory()
 
 
-def airlock_key(server, *args):
-    """Runs `airlock key ARGS` against the server's data dir; returns its output."""
+def airlock_key(server, *args, database=None):
+    """Runs `airlock key ARGS` against the server's data dir, or the PostgreSQL `database`
+    names; returns its output."""
+    on_postgres = ["--database", database] if database else []
     out = subprocess.run(
-        [str(AIRLOCK), "--data-dir", str(server.data_dir), "key", *args],
+        [str(AIRLOCK), "--data-dir", str(server.data_dir), *on_postgres, "key", *args],
         capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 0, out.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox
 
-from harness import AIRLOCK
+from conftest import airlock_key
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "pg-node-1"
@@ -42,15 +42,6 @@ def psql(url, sql):
     return [tuple(line.split("\t")) for line in out.stdout.splitlines()]
 
 
-def key_cli(server, url, *args):
-    """`airlock key ARGS` on the server's data dir, on PostgreSQL if `url` is given."""
-    database = ["--database", url] if url else []
-    out = subprocess.run([str(AIRLOCK), "--data-dir", str(server.data_dir), *database, "key", *args],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 @pytest.fixture
 def on_postgres(server, postgres):
     """The server restarted on the PostgreSQL as node NODE, leaving sandboxes running through
@@ -74,11 +65,11 @@ def catalog(url, sandbox_id):
 def test_keys_quotas_catalog_and_restarts_on_postgres(on_postgres, postgres):
     server = on_postgres
     name = f"pg-{uuid.uuid4().hex[:6]}"
-    key = key_cli(server, postgres, "create", "--name", name, "--max-running", "1")
+    key = airlock_key(server, "create", "--name", name, "--max-running", "1", database=postgres)
     # The key is in PostgreSQL, and the data dir's own database does not know it (the control
     # that the listing can see a key at all is the first).
-    assert name in key_cli(server, postgres, "ls")
-    assert name not in key_cli(server, None, "ls")
+    assert name in airlock_key(server, "ls", database=postgres)
+    assert name not in airlock_key(server, "ls")
 
     first = Sandbox.create("base", api_key=key)
     second = None
