@@ -5,9 +5,11 @@ pub mod agent_client;
 pub mod boot;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod dashboard;
 pub mod data_dir;
 pub mod dockerfile;
+pub mod gateway;
 pub mod http;
 pub mod mcp;
 pub mod operator_metrics;
@@ -39,6 +41,8 @@ pub struct AppStateInner {
     pub data_dir: std::path::PathBuf,
     /// `--node-name`: this machine as `GET /nodes` and sandboxes' `clientID` name it.
     pub node_name: String,
+    /// Whether this server is the whole of Airlock or a node of a cluster (`--role`).
+    pub role: cluster::Role,
     /// Sends webhooks, and checks where they may go.
     pub webhooks: Arc<airlock_core::webhook::Deliverer>,
 }

@@ -5,6 +5,7 @@ use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
 use airlock_core::volumes::VolumeLimits;
 use airlock_server::client::Client;
+use airlock_server::cluster::Role;
 use airlock_server::data_dir::DataDir;
 use airlock_server::{boot, cli};
 use clap::{Parser, Subcommand};
@@ -272,6 +273,8 @@ enum Command {
         key_max_volume_mb: u64,
         #[command(flatten)]
         builds: Box<BuildArgs>,
+        #[command(flatten)]
+        cluster: airlock_server::cluster::ClusterArgs,
         /// DEBUGGING ONLY, never in production: install no host firewall, so sandboxes can reach
         /// this host (the control API included), one another and private ranges, and network
         /// rules are ignored. The escape tests use it to prove their network probes can see a
@@ -491,7 +494,28 @@ async fn run(cli: Cli) -> ExitCode {
             stop_sandboxes_on_exit,
             domain,
             node_name,
-        } => {
+            cluster,
+        } => async {
+            let cluster_secret = cluster.secret()?;
+            if cluster.role == Role::Gateway {
+                let (Some(database), Some(secret)) = (cli.database.clone(), cluster_secret) else {
+                    anyhow::bail!(
+                        "a gateway needs --database (the PostgreSQL its nodes share) and \
+                         --cluster-secret-file (the secret they hold)"
+                    );
+                };
+                let nodes = cluster.node_endpoints();
+                if nodes.is_empty() {
+                    anyhow::bail!("a gateway needs --nodes: where its nodes are");
+                }
+                return boot::serve_gateway(boot::GatewayOptions {
+                    listen,
+                    database,
+                    nodes,
+                    secret,
+                })
+                .await;
+            }
             let max_sandboxes =
                 max_sandboxes.unwrap_or_else(airlock_core::lifecycle::memory_sized_max_sandboxes);
             boot::serve(boot::ServeOptions {
@@ -517,6 +541,8 @@ async fn run(cli: Cli) -> ExitCode {
                 node_name: node_name.unwrap_or_else(host_node_name),
                 database: cli.database.clone(),
                 object_store,
+                role: cluster.role,
+                cluster_secret,
                 on_exit: if stop_sandboxes_on_exit {
                     OnExit::StopSandboxes
                 } else {
@@ -553,9 +579,10 @@ async fn run(cli: Cli) -> ExitCode {
                 },
             })
             .await
-            .map(|()| ExitCode::SUCCESS)
-            .map_err(cli::CliError::Other)
         }
+        .await
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(cli::CliError::Other),
         Command::Sandbox(cmd) => cli::sandbox(cmd, client()).await,
         Command::Node(cmd) => cli::node(cmd, client()).await,
         Command::Install { .. } if cli.database.is_some() => Err(cli::CliError::Failed(

@@ -41,3 +41,28 @@ pub struct NodeDetail {
     /// Their ids, oldest first.
     pub sandboxes: Vec<String>,
 }
+
+/// `POST /nodes/{nodeID}`: E2B's change of a node's status (`ready` or `draining`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeStatusChange {
+    pub status: NodeStatus,
+}
+
+/// Where a gateway asks a node how it is (the cluster secret only).
+pub const NODE_REPORT_PATH: &str = "/cluster/node";
+
+/// A node's answer to its gateways' health polls: what `GET /nodes` shows of it, and what
+/// placement weighs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    #[serde(flatten)]
+    pub node: Node,
+    /// The host's cores, and its memory available now.
+    pub cpus: u32,
+    pub memory_available_mib: u64,
+    /// The most sandboxes it runs at once (`--max-sandboxes`).
+    pub max_sandboxes: u32,
+    /// Starts waiting for their turn there now.
+    pub launches_queued: u32,
+}

@@ -23,6 +23,7 @@
 
 mod checkpoint;
 mod create;
+mod drain;
 mod events;
 mod expiry;
 mod freezer;
@@ -290,6 +291,8 @@ pub enum LifecycleError {
     AlreadyRunning(String),
     #[error("sandbox '{0}' is being paused, resumed or snapshotted; try again")]
     Busy(String),
+    #[error("node '{0}' is draining for maintenance: it starts and resumes no sandbox")]
+    Draining(String),
     #[error("'{0}' is not a valid snapshot name (a-z, 0-9, '.', '_', '-'; at most 64)")]
     BadSnapshotName(String),
     #[error("not enough disk space: {0}; the sandbox keeps running")]
@@ -368,6 +371,8 @@ pub struct Lifecycle {
     journal: events::Journal,
     /// Paused images in object storage, if the server keeps them there.
     remote: remote_images::RemoteImages,
+    /// Set by a drain: no sandbox starts or resumes here.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 pub fn now_unix() -> i64 {
@@ -413,6 +418,7 @@ impl Lifecycle {
             metrics: metrics::Metrics::default(),
             journal: events::Journal::default(),
             remote: remote_images::RemoteImages::default(),
+            draining: Default::default(),
         })
     }
 

@@ -275,12 +275,16 @@ impl Lifecycle {
         let mut announced = HashSet::new();
         let mut restores = RestoreBudget::new(self.limits.pool_restores_per_min, Instant::now());
         loop {
-            let templates = self
-                .store
-                .templates()
-                .named_templates()
-                .await
-                .unwrap_or_default();
+            // A draining node keeps no pools (see `drain.rs`).
+            let templates = if self.draining() {
+                Vec::new()
+            } else {
+                self.store
+                    .templates()
+                    .named_templates()
+                    .await
+                    .unwrap_or_default()
+            };
             let pass_started = Instant::now();
             let mut pooled = Vec::new();
             for template in &templates {

@@ -22,6 +22,13 @@ fn over_paused_quota(quota: &KeyQuota) -> LifecycleError {
 }
 
 impl Lifecycle {
+    fn refuse_if_draining(&self) -> Result<(), LifecycleError> {
+        if self.draining() {
+            return Err(LifecycleError::Draining(self.node.clone()));
+        }
+        Ok(())
+    }
+
     /// Admits a new sandbox (in [`Phase::Starting`]): its catalog row is written, in no list
     /// until [`crate::store::SandboxRecords::started`].
     pub(super) async fn admit_create(
@@ -29,6 +36,7 @@ impl Lifecycle {
         sandbox: &Arc<Sandbox>,
         quota: &KeyQuota,
     ) -> Result<(), LifecycleError> {
+        self.refuse_if_draining()?;
         self.sandboxes
             .admit(sandbox.clone(), self.limits.max_sandboxes)?;
         let admitted = self
@@ -64,6 +72,7 @@ impl Lifecycle {
         sandbox: &Sandbox,
         quota: &KeyQuota,
     ) -> Result<(), LifecycleError> {
+        self.refuse_if_draining()?;
         self.sandboxes
             .admit_resume(sandbox, self.limits.max_sandboxes)?;
         let records = self.store.sandboxes();

@@ -7,10 +7,13 @@
 //! Object storage is a copy, never a condition: a pause whose upload fails still succeeds (the
 //! image stays on this node's disk only, and the failure is logged and counted).
 
+use super::sandbox::{Phase, Sandbox};
 use super::{Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
 use crate::objects::ImageObjects;
+use crate::store::{SandboxRecord, SandboxState};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 /// Paused images moved to and from object storage since the server started.
@@ -168,5 +171,45 @@ impl Lifecycle {
                 tracing::warn!(sandbox = %id, error = %e, "deleting its paused image from object storage failed");
             }
         });
+    }
+}
+
+impl Lifecycle {
+    /// Sandbox `id` if this node has it; else a paused one that another node left in object
+    /// storage, taken over so that it resumes here. A gateway sends a paused sandbox's verbs
+    /// and traffic here when its own node does not answer.
+    pub async fn record_or_adopt(&self, id: &str) -> Result<Arc<SandboxRecord>, LifecycleError> {
+        let not_found = || LifecycleError::SandboxNotFound(id.to_owned());
+        if let Ok(record) = self.record(id) {
+            return Ok(record);
+        }
+        let Ok(parsed) = SandboxId::parse(id) else {
+            return Err(not_found());
+        };
+        let Some(mut record) = self.store.sandboxes().get(&parsed).await? else {
+            return Err(not_found());
+        };
+        let elsewhere = record.state == SandboxState::Paused && record.node != self.node;
+        if !elsewhere || !self.paused_in_object_store(&parsed).await? {
+            return Err(not_found());
+        }
+        let moved = self
+            .store
+            .sandboxes()
+            .move_paused(&parsed, &record.node, &self.node)
+            .await?;
+        if !moved {
+            // Another request took it over here first, or another node did, or a verb is
+            // under way on it there.
+            return self
+                .record(id)
+                .map_err(|_| LifecycleError::Busy(id.to_owned()));
+        }
+        tracing::info!(sandbox = id, from = %record.node, "taking over a paused sandbox of another node");
+        record.node = self.node.clone();
+        let sandbox = Sandbox::new(record, Phase::Paused, None);
+        let record = sandbox.record();
+        self.sandboxes.adopt(sandbox);
+        Ok(record)
     }
 }

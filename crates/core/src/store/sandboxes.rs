@@ -348,13 +348,35 @@ impl SandboxRecords {
     ) -> Result<bool, StoreError> {
         let sql = format!(
             "UPDATE sandboxes SET transition = '{transition}'
-             WHERE id = $1 AND state = '{}'
+             WHERE id = $1 AND state = '{}' AND transition IS NULL
                AND (SELECT COUNT(*) FROM sandboxes o WHERE {SAME_OWNER} AND {place})
                    < CAST($2 AS BIGINT)",
             from.as_str()
         );
         let params = [id.as_str().into(), limit(quota).into()];
         Ok(self.db.admit(&sql, &params).await? == 1)
+    }
+
+    /// Moves a paused sandbox from node `from` to node `to`, which will resume it (its node
+    /// is gone or busy), unless a verb is under way on it or another node took it first.
+    pub async fn move_paused(
+        &self,
+        id: &SandboxId,
+        from: &str,
+        to: &str,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE sandboxes SET node = $3
+                   WHERE id = $1 AND node = $2 AND state = 'paused' AND transition IS NULL";
+        let params = [id.as_str().into(), from.into(), to.into()];
+        Ok(self.db.execute(sql, &params).await? == 1)
+    }
+
+    /// Lets requests resume the sandbox (E2B's `auto_resume`), as a drain does for the
+    /// sandboxes it pauses.
+    pub async fn set_auto_resume(&self, id: &SandboxId) -> Result<(), StoreError> {
+        let sql = "UPDATE sandboxes SET auto_resume = 1 WHERE id = $1";
+        self.db.execute(sql, &[id.as_str().into()]).await?;
+        Ok(())
     }
 
     /// A pause or resume that failed: the sandbox stays as it was.

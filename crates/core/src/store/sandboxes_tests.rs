@@ -84,6 +84,19 @@ pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
     let a = sandboxes.get(&a1).await.unwrap().unwrap();
     assert_eq!((a.state, a.slot, a.pause_mode), (paused, None, mode));
 
+    // One verb at a time: a second resume cannot begin while one is under way, nor can the
+    // sandbox move to another node; once it is done, it moves once, to the first that asks.
+    assert!(sandboxes.begin_resume(&a1, ROOMY).await.unwrap());
+    assert!(!sandboxes.begin_resume(&a1, ROOMY).await.unwrap());
+    assert!(!sandboxes.move_paused(&a1, "n1", "n2").await.unwrap());
+    sandboxes.end_transition(&a1).await.unwrap();
+    assert!(sandboxes.move_paused(&a1, "n1", "n2").await.unwrap());
+    assert!(!sandboxes.move_paused(&a1, "n1", "n3").await.unwrap());
+    sandboxes.set_auto_resume(&a1).await.unwrap();
+    let a = sandboxes.get(&a1).await.unwrap().unwrap();
+    assert_eq!((a.node.as_str(), a.auto_resume), ("n2", true));
+    assert!(sandboxes.move_paused(&a1, "n2", "n1").await.unwrap());
+
     // A node's restart forgets its unfinished creates and takes the rows without a node.
     let mut legacy = record("g7", 4);
     legacy.node = String::new();

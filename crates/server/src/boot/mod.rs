@@ -4,11 +4,15 @@
 
 mod binaries;
 mod builtins;
+mod gateway;
 pub mod install;
 mod keys;
 mod listen;
 
+pub use gateway::{serve_gateway, GatewayOptions};
+
 use crate::agent_client::HttpAgentClient;
+use crate::cluster::{ClusterSecret, Role};
 use crate::data_dir::DataDir;
 use crate::{http, proxy, AppState, AppStateInner};
 use airlock_core::build::{BuildLimits, BuildOptions, Builder};
@@ -67,6 +71,9 @@ pub struct ServeOptions {
     pub webhooks_allow_private: bool,
     /// Where paused images are kept too (`--object-store`), if anywhere.
     pub object_store: Option<String>,
+    /// `Node`: serve only the cluster's gateways, which prove themselves with this secret.
+    pub role: Role,
+    pub cluster_secret: Option<ClusterSecret>,
 }
 
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
@@ -75,6 +82,14 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             "airlock serve must run as root: sandboxes need network namespaces, mounts and runsc"
         );
     }
+    let node_secret = match (opts.role, &opts.cluster_secret, &opts.database) {
+        (Role::Node, Some(secret), Some(_)) => Some(secret.clone()),
+        (Role::Node, _, _) => bail!(
+            "a node (--role node) needs --cluster-secret-file, which its gateways hold too, and \
+             --database, the PostgreSQL they share"
+        ),
+        _ => None,
+    };
     airlock_netd::raise_open_files_limit();
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
     let store = Arc::new(data.store(opts.database.as_deref()).await?);
@@ -208,8 +223,9 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         http,
         signers: proxy::Signers::default(),
         domain: opts.domain,
+        role: opts.role,
     });
-    let app = router(state, opts.listen);
+    let app = router(state, opts.listen, node_secret);
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
@@ -233,12 +249,16 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         tokio::spawn(std::future::IntoFuture::into_future(served));
         println!("Operator metrics (Prometheus) on http://{addr}/metrics");
     }
-    print_key(&key, &data);
-    println!("Point the E2B SDK here with:");
-    println!(
-        "  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_VOLUME_API_URL=http://{0}",
-        opts.listen
-    );
+    if opts.role == Role::Node {
+        println!("This is a node: only gateways that hold the cluster secret reach it");
+    } else {
+        print_key(&key, &data);
+        println!("Point the E2B SDK here with:");
+        println!(
+            "  export E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0} E2B_VOLUME_API_URL=http://{0}",
+            opts.listen
+        );
+    }
 
     // On a signal, cut every sandbox's open streams first (killing it does too), which
     // graceful shutdown would otherwise wait on forever. The pool filler stops first, so it
@@ -262,10 +282,17 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 }
 
 /// Everything the one port answers: health, the REST API, the dashboard and MCP, with sandbox
-/// traffic taken aside in front of them all.
-fn router(state: AppState, listen: SocketAddr) -> Router {
-    Router::new()
-        .route("/health", get(|| async { (StatusCode::OK, "ok") }))
+/// traffic taken aside in front of them all; on a node, its report for gateways, and in front
+/// of everything the check that a request is a gateway's.
+fn router(state: AppState, listen: SocketAddr, node_secret: Option<ClusterSecret>) -> Router {
+    let mut app = Router::new().route("/health", get(|| async { (StatusCode::OK, "ok") }));
+    if node_secret.is_some() {
+        app = app.route(
+            airlock_wire::nodes::NODE_REPORT_PATH,
+            get(crate::cluster::node_api::report),
+        );
+    }
+    let app = app
         .merge(http::routes(state.clone()))
         .merge(crate::dashboard::routes(state.clone()))
         .merge(crate::mcp::routes(state.clone(), loopback_url(listen)))
@@ -277,7 +304,14 @@ fn router(state: AppState, listen: SocketAddr) -> Router {
             state.clone(),
             proxy::route_sandbox_traffic,
         ))
-        .with_state(state)
+        .with_state(state);
+    match node_secret {
+        Some(secret) => app.layer(axum::middleware::from_fn_with_state(
+            secret,
+            crate::cluster::node_api::require_gateway,
+        )),
+        None => app,
+    }
 }
 
 /// Stops serving sandboxes as `on_exit` says. Template and volume mounts stay while sandboxes
@@ -336,7 +370,7 @@ async fn collect_garbage(builder: &Builder, data: &DataDir, on_postgres: bool) {
     }
 }
 
-async fn wait_for_signal() {
+pub(super) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,

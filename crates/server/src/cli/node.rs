@@ -2,7 +2,7 @@
 
 use super::{print_rows, CliError};
 use crate::client::{parse, Client};
-use airlock_wire::nodes::{Node, NodeStatus};
+use airlock_wire::nodes::{Node, NodeStatus, NodeStatusChange};
 use clap::Subcommand;
 use std::process::ExitCode;
 
@@ -15,6 +15,15 @@ pub enum NodeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Drain a node for maintenance: it takes no new sandboxes, and its running ones are
+    /// paused into object storage, to resume on another node at their next request. Needs an
+    /// operator's key.
+    Drain {
+        /// The node, as `airlock node ls` names it.
+        node: String,
+    },
+    /// Let a drained node take sandboxes again.
+    Undrain { node: String },
 }
 
 pub async fn node(cmd: NodeCommand, client: Client) -> Result<ExitCode, CliError> {
@@ -39,6 +48,8 @@ pub async fn node(cmd: NodeCommand, client: Client) -> Result<ExitCode, CliError
                 &rows,
             );
         }
+        NodeCommand::Drain { node } => set_status(&client, &node, NodeStatus::Draining).await?,
+        NodeCommand::Undrain { node } => set_status(&client, &node, NodeStatus::Ready).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -49,4 +60,13 @@ fn status_name(status: NodeStatus) -> &'static str {
         NodeStatus::Draining => "draining",
         NodeStatus::Unhealthy => "unhealthy",
     }
+}
+
+/// E2B's `POST /nodes/{nodeID}` with the status it is to have.
+async fn set_status(client: &Client, node: &str, status: NodeStatus) -> Result<(), CliError> {
+    let path = format!("/nodes/{}", crate::client::percent_encode(node));
+    let body = NodeStatusChange { status };
+    client.call_json("POST", &path, &body).await?;
+    println!("{node}: {}", status_name(status));
+    Ok(())
 }

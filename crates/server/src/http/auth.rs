@@ -2,11 +2,12 @@
 //! [`require_api_key`] in front of every control-plane route, and the [`Caller`] and [`Owned`]
 //! sandbox that handlers take from it.
 
+use crate::cluster::node_api::ForwardedCaller;
 use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::keys::hash_key;
 use airlock_core::lifecycle::LifecycleError;
-use airlock_core::store::{LiveKey, SandboxRecord};
+use airlock_core::store::{LiveKey, SandboxRecord, Store};
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
@@ -46,7 +47,7 @@ impl FromRequestParts<AppState> for Owned {
             .extensions
             .get::<Caller>()
             .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing API key"))?;
-        let record = state.lifecycle.record(&id)?;
+        let record = state.lifecycle.record_or_adopt(&id).await?;
         if !caller.sees(&record.owner) {
             return Err(LifecycleError::SandboxNotFound(id).into());
         }
@@ -80,6 +81,14 @@ pub(crate) async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
+    // On a node, the gateway that forwarded the request checked the key already.
+    if let Some(forwarded) = req.extensions().get::<ForwardedCaller>().cloned() {
+        if forwarded.operator {
+            req.extensions_mut().insert(Operator);
+        }
+        req.extensions_mut().insert(Caller(forwarded.id));
+        return next.run(req).await;
+    }
     let key = req
         .headers()
         .get("x-api-key")
@@ -92,7 +101,7 @@ pub(crate) async fn require_api_key(
         )
         .into_response();
     }
-    match live_key(&state, key).await {
+    match live_key(&state.store, key).await {
         Ok(live) => {
             if live.operator {
                 req.extensions_mut().insert(Operator);
@@ -106,20 +115,15 @@ pub(crate) async fn require_api_key(
 
 /// The caller an API key stands for; 401 for an unknown or revoked one.
 pub(crate) async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
-    Ok(Caller(live_key(state, key).await?.id))
+    Ok(Caller(live_key(&state.store, key).await?.id))
 }
 
 /// The live key `key` is; 401 if it is unknown or revoked, 503 if the store cannot be reached.
-async fn live_key(state: &AppState, key: &str) -> Result<LiveKey, ApiError> {
-    state
-        .store
-        .keys()
-        .live(&hash_key(key))
-        .await?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid API key (unknown or revoked)",
-            )
-        })
+pub(crate) async fn live_key(store: &Store, key: &str) -> Result<LiveKey, ApiError> {
+    store.keys().live(&hash_key(key)).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid API key (unknown or revoked)",
+        )
+    })
 }

@@ -8,7 +8,7 @@ mod events;
 pub(crate) mod idempotency;
 mod logs;
 mod metrics;
-mod nodes;
+pub(crate) mod nodes;
 pub mod sandboxes;
 mod snapshots;
 pub mod templates;
@@ -54,7 +54,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/sandboxes/{id}/logs", get(logs::logs_v1))
         .route("/v2/sandboxes/{id}/logs", get(logs::logs_v2))
         .route("/nodes", get(nodes::list))
-        .route("/nodes/{node}", get(nodes::detail))
+        .route("/nodes/{node}", get(nodes::detail).post(nodes::set_status))
         .route("/sandboxes/metrics", get(metrics::latest))
         .route("/sandboxes/{id}/metrics", get(metrics::range))
         .route("/v3/templates", post(builds::request_build))

@@ -1,6 +1,7 @@
 //! Sandboxes, as E2B's SDKs call the control-plane REST API for them (protocol doc §2):
 //! create, look up, list, connect, set the timeout and the network rules, kill.
 
+use crate::cluster::Role;
 use crate::http::auth::{Caller, Owned};
 use crate::http::error::{ApiError, JsonBody};
 use crate::http::idempotency;
@@ -425,9 +426,8 @@ async fn matching<'a>(
     let template = query
         .get("template")
         .map(|t| airlock_core::store::split_reference(t).0);
-    let mut records: Vec<_> = state
-        .lifecycle
-        .list_records()
+    let mut records: Vec<_> = listed(state)
+        .await?
         .into_iter()
         .filter(|r| caller.sees(&r.owner))
         .filter(|r| states.contains(&r.state.as_str()))
@@ -443,6 +443,16 @@ async fn matching<'a>(
         });
     }
     Ok((records, names))
+}
+
+/// Every sandbox a list may show: this server's own, or on a node, the whole cluster's from
+/// the catalog (a gateway sends a list to any one node).
+async fn listed(state: &AppState) -> Result<Vec<Arc<SandboxRecord>>, ApiError> {
+    if state.role != Role::Node {
+        return Ok(state.lifecycle.list_records());
+    }
+    let all = state.store.sandboxes().all().await?;
+    Ok(all.into_iter().map(Arc::new).collect())
 }
 
 pub(crate) async fn list_v1(

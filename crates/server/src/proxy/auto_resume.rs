@@ -22,7 +22,7 @@ pub async fn wake(
     port: u16,
     headers: &HeaderMap,
 ) -> Result<Arc<Sandbox>, Response> {
-    let Ok(record) = state.lifecycle.record(id) else {
+    let Ok(record) = state.lifecycle.record_or_adopt(id).await else {
         return Err(sandbox_not_found(id));
     };
     let may_wake = record.state == SandboxState::Paused

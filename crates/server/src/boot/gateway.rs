@@ -1,0 +1,61 @@
+//! `airlock serve --role gateway`: no sandboxes and no root, only the shared database, the
+//! nodes to poll, and the one port.
+
+use crate::cluster::ClusterSecret;
+use crate::gateway::forward::Forwarder;
+use crate::gateway::nodes::{node_client, NodeTable};
+use crate::gateway::{routes, Gateway};
+use airlock_core::store::Store;
+use anyhow::Context;
+use axum::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub struct GatewayOptions {
+    pub listen: SocketAddr,
+    /// The PostgreSQL the nodes keep their state in.
+    pub database: String,
+    /// `--nodes`: `host:port` entries, each a node or a name with a node at every address.
+    pub nodes: Vec<String>,
+    pub secret: ClusterSecret,
+}
+
+pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
+    let store = Arc::new(
+        Store::connect(&opts.database)
+            .await
+            .context("opening the state database in the PostgreSQL that --database names")?,
+    );
+    let client = node_client();
+    let nodes = NodeTable::new(opts.nodes, opts.secret.clone(), client.clone());
+    // The first round before serving, so that the first create finds the nodes.
+    nodes.poll().await;
+    tokio::spawn(nodes.clone().run());
+    let state = Arc::new(Gateway {
+        store,
+        nodes,
+        forward: Forwarder {
+            client,
+            secret: opts.secret,
+        },
+    });
+    // No body limit here: each node bounds what it takes, and sandbox traffic streams.
+    let app = Router::new()
+        .fallback(routes::handle)
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .with_context(|| format!("listening on {}", opts.listen))?;
+    let ready = state.nodes.list();
+    println!(
+        "Airlock gateway serving on http://{}, in front of {} node(s) ({} ready)",
+        opts.listen,
+        ready.len(),
+        ready
+            .iter()
+            .filter(|n| n.status == airlock_wire::nodes::NodeStatus::Ready)
+            .count()
+    );
+    super::listen::serve(listener, app, super::wait_for_signal(), async {}).await;
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! A gateway (`airlock serve --role gateway`): the E2B API in front of a cluster's nodes. It
+//! checks API keys, places new sandboxes, and forwards every request to the node that serves
+//! it; it keeps nothing in memory that another gateway would need (the catalog of sandboxes,
+//! keys and templates are in the shared PostgreSQL), so any gateway serves any request and a
+//! restarted one loses nothing.
+
+pub mod forward;
+pub mod nodes;
+pub mod routes;
+
+use airlock_core::store::Store;
+use std::sync::Arc;
+
+pub struct Gateway {
+    pub store: Arc<Store>,
+    pub nodes: Arc<nodes::NodeTable>,
+    pub forward: forward::Forwarder,
+}
+
+pub type GatewayState = Arc<Gateway>;

@@ -1,0 +1,277 @@
+//! The nodes a gateway knows: found from `--nodes` (each entry a node, or a DNS name whose
+//! every address is one, as a Kubernetes headless Service gives), polled for health and load,
+//! and picked for new sandboxes. No gossip and no consensus: every gateway polls every node
+//! itself, so gateways agree within a poll or two and need not talk to each other.
+
+use crate::cluster::{ClusterSecret, SECRET_HEADER};
+use airlock_wire::nodes::{Node, NodeReport, NodeStatus, NODE_REPORT_PATH};
+use axum::body::Body;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// How often every node is asked how it is.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a node has to answer a poll; a slower answer counts as none.
+const POLL_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Polls in a row a node may miss before it is unhealthy: a lost node stops getting sandboxes
+/// within `POLL_INTERVAL * MISSES + POLL_TIMEOUT`, about 3.5 s.
+const MISSES: u32 = 2;
+/// The largest poll answer read; a node that sends more is not trusted.
+const MAX_REPORT: usize = 64 * 1024;
+
+/// The HTTP client for nodes. Unlike the one for sandboxes' agents, connections are kept: a
+/// node's are many requests of many sandboxes.
+pub type NodeClient = hyper_util::client::legacy::Client<HttpConnector, Body>;
+
+pub fn node_client() -> NodeClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    // A node that does not accept a connection in this time is down, as far as a request goes.
+    connector.set_connect_timeout(Some(Duration::from_secs(2)));
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
+/// One node as this gateway sees it.
+struct Known {
+    /// `host:port` it is reached at.
+    endpoint: String,
+    /// Its last answer; `None` until it first answers.
+    report: Option<NodeReport>,
+    /// Polls missed in a row.
+    misses: u32,
+    /// Sandboxes placed there since its last answer, which that answer may not count yet.
+    placed: AtomicU32,
+}
+
+impl Known {
+    fn healthy(&self) -> bool {
+        self.report.is_some() && self.misses < MISSES
+    }
+
+    fn name(&self) -> Option<&str> {
+        self.report.as_ref().map(|r| r.node.node_id.as_str())
+    }
+
+    /// How busy it is for placement: its sandboxes and the starts queued there, per core, as
+    /// it said last plus what was placed since.
+    fn load(&self) -> f64 {
+        let Some(report) = &self.report else {
+            return f64::INFINITY;
+        };
+        let sandboxes = report.node.sandbox_count + report.launches_queued;
+        let placed = self.placed.load(Ordering::Relaxed);
+        f64::from(sandboxes + placed) / f64::from(report.cpus.max(1))
+    }
+}
+
+/// Where to send a request for a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAddress {
+    pub name: String,
+    pub endpoint: String,
+}
+
+/// Why no node can take a request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NoNode {
+    #[error("no node can take a sandbox now: {known} known, none healthy and ready (GET /nodes shows them)")]
+    NoneReady { known: usize },
+    #[error("node '{0}' does not answer its health checks")]
+    Unhealthy(String),
+    #[error("node '{0}' is draining")]
+    Draining(String),
+    #[error("node '{0}' is not one this gateway knows")]
+    Unknown(String),
+}
+
+/// Every node this gateway knows, by endpoint.
+pub struct NodeTable {
+    /// `--nodes`: `host:port` entries, each resolved at every poll.
+    seeds: Vec<String>,
+    known: RwLock<BTreeMap<String, Known>>,
+    secret: ClusterSecret,
+    client: NodeClient,
+}
+
+impl NodeTable {
+    pub fn new(seeds: Vec<String>, secret: ClusterSecret, client: NodeClient) -> Arc<Self> {
+        Arc::new(NodeTable {
+            seeds,
+            known: RwLock::new(BTreeMap::new()),
+            secret,
+            client,
+        })
+    }
+
+    /// Polls every node forever (the first round is [`NodeTable::poll`], awaited at start).
+    pub async fn run(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.poll().await;
+        }
+    }
+
+    /// One round: finds the nodes (a name that no longer resolves loses its nodes) and asks
+    /// each how it is, all at once.
+    pub async fn poll(&self) {
+        let endpoints = self.resolve().await;
+        {
+            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+            known.retain(|endpoint, _| endpoints.contains(endpoint));
+            for endpoint in &endpoints {
+                known.entry(endpoint.clone()).or_insert_with(|| Known {
+                    endpoint: endpoint.clone(),
+                    report: None,
+                    misses: 0,
+                    placed: AtomicU32::new(0),
+                });
+            }
+        }
+        let answers =
+            futures::future::join_all(endpoints.iter().map(|endpoint| self.ask(endpoint))).await;
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        for (endpoint, answer) in endpoints.iter().zip(answers) {
+            let Some(node) = known.get_mut(endpoint) else {
+                continue;
+            };
+            match answer {
+                Ok(report) => {
+                    node.report = Some(report);
+                    node.misses = 0;
+                    node.placed.store(0, Ordering::Relaxed);
+                }
+                Err(why) => {
+                    if node.misses + 1 == MISSES {
+                        tracing::warn!(node = node.name().unwrap_or(endpoint), %endpoint, %why,
+                            "a node stopped answering its health checks; no sandbox goes there now");
+                    }
+                    node.misses = node.misses.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// Every `host:port` the seeds name now; a seed that does not resolve names none.
+    async fn resolve(&self) -> Vec<String> {
+        let mut endpoints = Vec::new();
+        for seed in &self.seeds {
+            match tokio::net::lookup_host(seed.as_str()).await {
+                Ok(addrs) => endpoints.extend(addrs.map(|a| a.to_string())),
+                Err(e) => {
+                    tracing::debug!(%seed, error = %e, "a --nodes entry does not resolve now")
+                }
+            }
+        }
+        endpoints.sort();
+        endpoints.dedup();
+        endpoints
+    }
+
+    /// A node's answer to a poll, if it gave a whole, sensible one in time.
+    async fn ask(&self, endpoint: &str) -> Result<NodeReport, String> {
+        let req = hyper::Request::get(format!("http://{endpoint}{NODE_REPORT_PATH}"))
+            .header(SECRET_HEADER, self.secret.as_str())
+            .body(Body::empty())
+            .map_err(|e| e.to_string())?;
+        let answer = async {
+            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("it answered {}", resp.status()));
+            }
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_REPORT)
+                .collect()
+                .await
+                .map_err(|e| format!("reading its answer: {e}"))?
+                .to_bytes();
+            serde_json::from_slice::<NodeReport>(&body)
+                .map_err(|e| format!("its answer is not a node report: {e}"))
+        };
+        tokio::time::timeout(POLL_TIMEOUT, answer)
+            .await
+            .map_err(|_| format!("no answer in {POLL_TIMEOUT:?}"))?
+    }
+
+    /// The node for a new sandbox: the least loaded of the healthy, ready ones.
+    pub fn place(&self) -> Result<NodeAddress, NoNode> {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let ready = known.values().filter(|n| {
+            n.healthy()
+                && n.report
+                    .as_ref()
+                    .is_some_and(|r| r.node.status == NodeStatus::Ready)
+        });
+        let best = ready
+            .min_by(|a, b| a.load().total_cmp(&b.load()))
+            .ok_or(NoNode::NoneReady { known: known.len() })?;
+        best.placed.fetch_add(1, Ordering::Relaxed);
+        Ok(NodeAddress {
+            name: best.name().unwrap_or_default().to_owned(),
+            endpoint: best.endpoint.clone(),
+        })
+    }
+
+    /// Where the node named `name` (a sandbox's `clientID`) is, if it is healthy.
+    pub fn healthy(&self, name: &str) -> Result<NodeAddress, NoNode> {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let node = known
+            .values()
+            .find(|n| n.name() == Some(name))
+            .ok_or_else(|| NoNode::Unknown(name.to_owned()))?;
+        if !node.healthy() {
+            return Err(NoNode::Unhealthy(name.to_owned()));
+        }
+        Ok(NodeAddress {
+            name: name.to_owned(),
+            endpoint: node.endpoint.clone(),
+        })
+    }
+
+    /// Where the node named `name` is, if it is healthy and takes sandboxes (not draining).
+    pub fn ready(&self, name: &str) -> Result<NodeAddress, NoNode> {
+        let node = self.healthy(name)?;
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let ready = known.get(&node.endpoint).is_some_and(|n| {
+            n.report
+                .as_ref()
+                .is_some_and(|r| r.node.status == NodeStatus::Ready)
+        });
+        if ready {
+            Ok(node)
+        } else {
+            Err(NoNode::Draining(name.to_owned()))
+        }
+    }
+
+    /// Every node as `GET /nodes` shows it: as it last said, or unhealthy. A node that never
+    /// answered is shown by its address.
+    pub fn list(&self) -> Vec<Node> {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        known
+            .values()
+            .map(|n| {
+                let mut node = match &n.report {
+                    Some(report) => report.node.clone(),
+                    None => Node {
+                        node_id: n.endpoint.clone(),
+                        status: NodeStatus::Unhealthy,
+                        sandbox_count: 0,
+                        allocated_cpu: 0,
+                        allocated_memory_mib: 0,
+                    },
+                };
+                if !n.healthy() {
+                    node.status = NodeStatus::Unhealthy;
+                }
+                node
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,254 @@
+//! Where a gateway sends each request. It checks the API key itself, then: a create goes to
+//! the least loaded node; anything about one sandbox (its REST verbs and its traffic) goes to
+//! the node the catalog says it is on; the nodes' admin routes are answered here; everything
+//! else (lists, templates, snapshots, events, volumes), whose state is all in the shared
+//! database, goes to any ready node.
+
+use super::forward::{CheckedCaller, Kind};
+use super::nodes::{NoNode, NodeAddress};
+use super::GatewayState;
+use crate::cluster::GATEWAY_HEADERS;
+use crate::http::error::ApiError;
+use crate::proxy::target::{bad_gateway, sandbox_not_found};
+use crate::proxy::{classify, Target};
+use airlock_core::ids::SandboxId;
+use airlock_core::lifecycle::LifecycleError;
+use airlock_core::store::{SandboxRecord, SandboxState};
+use airlock_wire::nodes::NodeDetail;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// What a request is, by its method and path.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Health,
+    /// `/uploads/...` and `/volumecontent/...`: the link or token is the authority, no key.
+    OwnAuthority,
+    Create,
+    /// A route under `/sandboxes/{id}` or `/v2/sandboxes/{id}`.
+    Sandbox(String),
+    Nodes,
+    Node(String),
+    /// The dashboard and MCP, which read one node's memory today.
+    NotOnGateways,
+    /// Anything else behind the API key.
+    AnyNode,
+}
+
+impl Route {
+    fn of(method: &Method, path: &str) -> Route {
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let sandboxes = match segments.as_slice() {
+            ["v2", "sandboxes", rest @ ..] | ["sandboxes", rest @ ..] => Some(rest),
+            _ => None,
+        };
+        match (sandboxes, segments.as_slice()) {
+            (Some([]), _) if method == Method::POST => Route::Create,
+            // `/sandboxes/metrics` is every sandbox's, not one named `metrics`.
+            (Some([] | ["metrics"]), _) => Route::AnyNode,
+            (Some([id, ..]), _) => Route::Sandbox((*id).to_owned()),
+            (None, ["health"]) => Route::Health,
+            (None, ["uploads", ..] | ["volumecontent", ..]) => Route::OwnAuthority,
+            (None, ["nodes"]) => Route::Nodes,
+            (None, ["nodes", node]) => Route::Node((*node).to_owned()),
+            (None, ["dashboard" | "mcp", ..]) => Route::NotOnGateways,
+            _ => Route::AnyNode,
+        }
+    }
+}
+
+/// The gateway's one handler: every request comes here.
+pub async fn handle(State(gw): State<GatewayState>, mut req: Request) -> Response {
+    // Only a gateway speaks for a caller to a node.
+    for name in GATEWAY_HEADERS {
+        req.headers_mut().remove(*name);
+    }
+    match classify(req.headers(), req.uri()) {
+        Some(Target::Sandbox { id, .. }) => return sandbox_traffic(&gw, &id, req).await,
+        // A signed URL names no sandbox, only the token that signed it.
+        Some(Target::SignedFiles) => {
+            return ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "signed file URLs are not served through a gateway yet: send the sandbox's id \
+                 in the E2b-Sandbox-Id header, or use the SDK's files API",
+            )
+            .into_response()
+        }
+        None => {}
+    }
+    let route = Route::of(req.method(), req.uri().path());
+    match route {
+        Route::Health => (StatusCode::OK, "ok").into_response(),
+        Route::NotOnGateways => ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "the dashboard and MCP are not served by gateways yet: they are on a one-machine \
+             `airlock serve`",
+        )
+        .into_response(),
+        Route::OwnAuthority => match gw.nodes.place() {
+            Ok(node) => gw.forward.send(&node, req, None, Kind::Api).await,
+            Err(e) => no_node(e),
+        },
+        route => match checked_caller(&gw, req.headers()).await {
+            Ok(caller) => with_caller(&gw, route, caller, req).await,
+            Err(e) => e.into_response(),
+        },
+    }
+}
+
+async fn with_caller(
+    gw: &GatewayState,
+    route: Route,
+    caller: CheckedCaller,
+    req: Request,
+) -> Response {
+    let node = match route {
+        Route::Create | Route::AnyNode => gw.nodes.place(),
+        Route::Sandbox(id) => match owned_sandbox(gw, &caller, &id).await {
+            Ok(record) => node_of(gw, &record),
+            Err(e) => return e.into_response(),
+        },
+        Route::Nodes if caller.operator => return Json(gw.nodes.list()).into_response(),
+        Route::Node(name) if caller.operator => match gw.nodes.healthy(&name) {
+            Ok(node) => Ok(node),
+            Err(NoNode::Unhealthy(_)) if req.method() == Method::GET => {
+                return unhealthy_node(gw, &name).await
+            }
+            Err(e @ NoNode::Unhealthy(_)) => Err(e),
+            Err(e) => return ApiError::not_found(e.to_string()).into_response(),
+        },
+        Route::Nodes | Route::Node(_) => return not_operator(),
+        Route::Health | Route::OwnAuthority | Route::NotOnGateways => {
+            unreachable!("answered without a key")
+        }
+    };
+    match node {
+        Ok(node) => gw.forward.send(&node, req, Some(&caller), Kind::Api).await,
+        Err(e) => no_node(e),
+    }
+}
+
+/// The API key's holder; 401 as a node would give it.
+async fn checked_caller(gw: &GatewayState, headers: &HeaderMap) -> Result<CheckedCaller, ApiError> {
+    let key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if key.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key: send it in the X-API-KEY header",
+        ));
+    }
+    let live = crate::http::auth::live_key(&gw.store, key).await?;
+    Ok(CheckedCaller {
+        id: live.id,
+        operator: live.operator,
+    })
+}
+
+/// The catalog's record of sandbox `id` if `caller` owns it; 404 as for no sandbox otherwise,
+/// so that another key's sandbox is not confirmed to exist.
+async fn owned_sandbox(
+    gw: &GatewayState,
+    caller: &CheckedCaller,
+    id: &str,
+) -> Result<SandboxRecord, ApiError> {
+    let not_found = || ApiError::from(LifecycleError::SandboxNotFound(id.to_owned()));
+    let Ok(parsed) = SandboxId::parse(id) else {
+        return Err(not_found());
+    };
+    match gw.store.sandboxes().get(&parsed).await? {
+        Some(record) if record.owner.as_deref() == Some(caller.id.as_str()) => Ok(record),
+        _ => Err(not_found()),
+    }
+}
+
+/// Where requests for a sandbox go: its node; for a paused one whose node is gone or
+/// draining, the node placement picks, which takes it over and resumes it from object storage.
+fn node_of(gw: &GatewayState, record: &SandboxRecord) -> Result<NodeAddress, NoNode> {
+    if record.state == SandboxState::Paused {
+        return gw.nodes.ready(&record.node).or_else(|_| gw.nodes.place());
+    }
+    gw.nodes.healthy(&record.node)
+}
+
+/// A sandbox's own traffic (commands, files, its ports): to its node, whose proxy checks the
+/// sandbox's tokens as on one machine.
+async fn sandbox_traffic(gw: &GatewayState, id: &str, req: Request) -> Response {
+    let record = match SandboxId::parse(id) {
+        Ok(parsed) => gw.store.sandboxes().get(&parsed).await,
+        Err(_) => return sandbox_not_found(id),
+    };
+    let record = match record {
+        Ok(Some(record)) => record,
+        Ok(None) => return sandbox_not_found(id),
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    match node_of(gw, &record) {
+        Ok(node) => {
+            gw.forward
+                .send(&node, req, None, Kind::SandboxTraffic)
+                .await
+        }
+        Err(e) => bad_gateway(id, &format!("The sandbox was lost with its node: {e}")),
+    }
+}
+
+/// `GET /nodes/{name}` of a node that does not answer: what the catalog puts there.
+async fn unhealthy_node(gw: &GatewayState, name: &str) -> Response {
+    let Some(node) = gw.nodes.list().into_iter().find(|n| n.node_id == name) else {
+        return ApiError::not_found(format!("no node '{name}' (GET /nodes lists them)"))
+            .into_response();
+    };
+    match gw.store.sandboxes().of_node(name).await {
+        Ok(records) => Json(NodeDetail {
+            node,
+            sandboxes: records.iter().map(|r| r.id.to_string()).collect(),
+        })
+        .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+fn no_node(e: NoNode) -> Response {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
+}
+
+fn not_operator() -> Response {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "this route is the operator's: it needs a key made with `airlock key create --operator`",
+    )
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_method_and_path() {
+        let of = |m: &str, p: &str| Route::of(&m.parse().unwrap(), p);
+        assert_eq!(of("POST", "/sandboxes"), Route::Create);
+        assert_eq!(of("POST", "/v2/sandboxes"), Route::Create);
+        assert_eq!(of("GET", "/v2/sandboxes"), Route::AnyNode);
+        assert_eq!(of("GET", "/sandboxes/metrics"), Route::AnyNode);
+        assert_eq!(of("GET", "/sandboxes/abc"), Route::Sandbox("abc".into()));
+        assert_eq!(
+            of("POST", "/v2/sandboxes/abc/connect"),
+            Route::Sandbox("abc".into())
+        );
+        assert_eq!(of("GET", "/nodes"), Route::Nodes);
+        assert_eq!(of("GET", "/nodes/n1"), Route::Node("n1".into()));
+        assert_eq!(of("PUT", "/uploads/t"), Route::OwnAuthority);
+        assert_eq!(of("GET", "/volumecontent/v/file"), Route::OwnAuthority);
+        assert_eq!(of("GET", "/health"), Route::Health);
+        assert_eq!(of("GET", "/templates"), Route::AnyNode);
+        assert_eq!(of("GET", "/snapshots"), Route::AnyNode);
+        assert_eq!(of("GET", "/dashboard/"), Route::NotOnGateways);
+        assert_eq!(of("POST", "/mcp"), Route::NotOnGateways);
+    }
+}

@@ -1,0 +1,202 @@
+"""Many machines, on one: the stock SDK against two gateways in front of two nodes that share a
+PostgreSQL and an S3 server. The tests run in file order on one cluster; the last ones stop a
+gateway and then a node."""
+
+import concurrent.futures
+import time
+import uuid
+
+import pytest
+from e2b import Sandbox
+from e2b.exceptions import RateLimitException
+
+from harness import fetch
+
+
+def node_of(cluster, sandbox_id, gateway=0):
+    status, detail = cluster.api("GET", f"/sandboxes/{sandbox_id}", gateway=gateway)
+    assert status == 200, detail
+    return detail["clientID"]
+
+
+def kill_all(sandboxes):
+    for sbx in sandboxes:
+        try:
+            sbx.kill()
+        except Exception:  # noqa: BLE001 - best effort at the end of a test
+            pass
+
+
+def test_nodes_are_listed_for_the_operator_only(cluster):
+    status, nodes = cluster.api("GET", "/nodes", key=cluster.operator)
+    assert status == 200, nodes
+    assert sorted(n["nodeID"] for n in nodes) == ["node-1", "node-2"], nodes
+    assert all(n["status"] == "ready" for n in nodes), nodes
+    status, body = cluster.api("GET", "/nodes")
+    assert status == 403 and "operator" in body["message"], body
+    status, detail = cluster.api("GET", "/nodes/node-2", key=cluster.operator, gateway=1)
+    assert status == 200 and detail["nodeID"] == "node-2", detail
+
+
+def test_nodes_answer_only_gateways(cluster):
+    """A node refuses a tenant's key and no key alike; the secret is what it takes (the
+    positive control: the same request with it is answered)."""
+    node = cluster.nodes[0]
+    for headers in ({}, {"X-API-KEY": cluster.key}, {"X-Airlock-Caller": "anyone",
+                                                      "X-Airlock-Cluster-Secret": "guess" * 8}):
+        status, _, body = fetch(node + "/v2/sandboxes", headers)
+        assert status == 401 and b"only its cluster's gateways" in body, (headers, body)
+    secret = (cluster.dir / "cluster-secret").read_text().strip()
+    status, _, body = fetch(node + "/cluster/node", {"X-Airlock-Cluster-Secret": secret})
+    assert status == 200 and b'"nodeID":"node-1"' in body, body
+    status, _, _ = fetch(node + "/health")
+    assert status == 200
+
+
+def test_creates_spread_over_the_nodes(cluster):
+    def create(i):
+        sbx = Sandbox.create("base", **cluster.sdk(gateway=i % 2))
+        assert sbx.commands.run("echo ok").stdout == "ok\n"
+        return sbx
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=10) as pool:
+        sandboxes = list(pool.map(create, range(20)))
+    try:
+        nodes = [node_of(cluster, s.sandbox_id) for s in sandboxes]
+        counts = {n: nodes.count(n) for n in set(nodes)}
+        assert set(counts) == {"node-1", "node-2"} and min(counts.values()) >= 5, counts
+        # Every gateway lists all of them, whichever node runs each.
+        for gateway in (0, 1):
+            listed = {s.sandbox_id for s in Sandbox.list(**cluster.sdk(gateway=gateway)).next_items()}
+            assert {s.sandbox_id for s in sandboxes} <= listed
+    finally:
+        kill_all(sandboxes)
+
+
+def test_a_sandbox_serves_through_every_gateway(cluster):
+    sbx = Sandbox.create("base", **cluster.sdk(gateway=0))
+    try:
+        via_second = Sandbox.connect(sbx.sandbox_id, **cluster.sdk(gateway=1))
+        via_second.files.write("/home/user/hello.txt", "from gateway 2")
+        assert sbx.files.read("/home/user/hello.txt") == "from gateway 2"
+        assert via_second.commands.run("cat /home/user/hello.txt").stdout == "from gateway 2"
+        streamed = []
+        via_second.commands.run("for i in 1 2 3; do echo $i; sleep 0.1; done",
+                                on_stdout=streamed.append)
+        assert "".join(streamed) == "1\n2\n3\n"
+        assert node_of(cluster, sbx.sandbox_id, 0) == node_of(cluster, sbx.sandbox_id, 1)
+        via_second.kill()
+        status, _ = cluster.api("GET", f"/sandboxes/{sbx.sandbox_id}", gateway=0)
+        assert status == 404
+    finally:
+        kill_all([sbx])
+
+
+def test_another_key_sees_nothing_through_any_gateway(cluster):
+    other = cluster.airlock("key", "create", "--name", f"other-{uuid.uuid4().hex[:6]}").strip()
+    other = other.split()[-1]
+    sbx = Sandbox.create("base", **cluster.sdk())
+    try:
+        for gateway in (0, 1):
+            # The positive control: the owner's key reaches it through this gateway.
+            status, _ = cluster.api("GET", f"/sandboxes/{sbx.sandbox_id}", gateway=gateway)
+            assert status == 200
+            for method, path in (("GET", ""), ("POST", "/pause"), ("DELETE", ""),
+                                 ("POST", "/timeout")):
+                status, body = cluster.api(method, f"/sandboxes/{sbx.sandbox_id}{path}",
+                                           key=other, gateway=gateway,
+                                           body={"timeout": 60} if path == "/timeout" else None)
+                assert status == 404, (gateway, method, path, body)
+            listed = Sandbox.list(**cluster.sdk(gateway=gateway, key=other)).next_items()
+            assert sbx.sandbox_id not in {s.sandbox_id for s in listed}
+        assert sbx.commands.run("true").exit_code == 0
+    finally:
+        kill_all([sbx])
+
+
+def test_quotas_hold_across_gateways(cluster):
+    key = cluster.airlock("key", "create", "--name", f"quota-{uuid.uuid4().hex[:6]}",
+                          "--max-running", "3").strip().split()[-1]
+
+    def create(i):
+        try:
+            return Sandbox.create("base", **cluster.sdk(gateway=i % 2, key=key))
+        except RateLimitException:
+            return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        made = list(pool.map(create, range(20)))
+    started = [s for s in made if s is not None]
+    try:
+        assert len(started) == 3, len(started)
+        assert len(Sandbox.list(**cluster.sdk(key=key)).next_items()) == 3
+    finally:
+        kill_all(started)
+
+
+def test_a_stopped_gateway_loses_nothing(cluster):
+    sbx = Sandbox.create("base", **cluster.sdk(gateway=0))
+    try:
+        sbx.commands.run("echo kept > /home/user/kept.txt")
+        stopped = cluster.script("stop-gateway", "gateway-1")
+        assert stopped.returncode == 0, stopped.stderr
+        via_second = Sandbox.connect(sbx.sandbox_id, **cluster.sdk(gateway=1))
+        assert via_second.commands.run("cat /home/user/kept.txt").stdout == "kept\n"
+        started = cluster.script("start-gateway", "gateway-1")
+        assert started.returncode == 0, started.stderr
+        assert sbx.commands.run("cat /home/user/kept.txt").stdout == "kept\n"
+    finally:
+        kill_all([sbx])
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return time.monotonic()
+        time.sleep(0.2)
+    pytest.fail(f"not within {timeout}s: {what}")
+
+
+def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster):
+    """Pause on node A, stop A as a power loss would: within 10 s it is unhealthy, creates go
+    on succeeding on B, A's running sandbox is reported lost, and the paused one resumes on B
+    with its file and its background process."""
+    made = [Sandbox.create("base", **cluster.sdk()) for _ in range(4)]
+    paused = made[0]
+    lost_node = node_of(cluster, paused.sandbox_id)
+    running_there = [s for s in made[1:] if node_of(cluster, s.sandbox_id) == lost_node]
+    try:
+        paused.files.write("/home/user/state.txt", "before the loss")
+        paused.commands.run(
+            "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done'"
+            " > /dev/null 2>&1 &")
+        time.sleep(1)
+        paused.pause()
+
+        stopped_at = time.monotonic()
+        stopped = cluster.script("stop-node", lost_node)
+        assert stopped.returncode == 0, stopped.stderr
+
+        def unhealthy():
+            _, nodes = cluster.api("GET", "/nodes", key=cluster.operator)
+            return any(n["nodeID"] == lost_node and n["status"] == "unhealthy" for n in nodes)
+
+        assert wait_for(unhealthy, 10, f"{lost_node} unhealthy in /nodes") - stopped_at <= 10
+
+        fresh = [Sandbox.create("base", **cluster.sdk(gateway=i % 2)) for i in range(3)]
+        made += fresh
+        assert {node_of(cluster, s.sandbox_id) for s in fresh} == ({"node-1", "node-2"} - {lost_node})
+
+        for sbx in running_there:
+            status, body = cluster.api("GET", f"/sandboxes/{sbx.sandbox_id}")
+            assert status == 502 and "lost" in body["message"], body
+
+        resumed = Sandbox.connect(paused.sandbox_id, **cluster.sdk(gateway=1))
+        assert node_of(cluster, paused.sandbox_id) != lost_node
+        assert resumed.files.read("/home/user/state.txt") == "before the loss"
+        first = int(resumed.commands.run("cat /tmp/count").stdout)
+        time.sleep(1)
+        assert int(resumed.commands.run("cat /tmp/count").stdout) > first
+    finally:
+        kill_all(made)
