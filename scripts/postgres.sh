@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # A private PostgreSQL server for tests: Debian's own, in a directory of its own, run as the
-# `postgres` user, listening on 127.0.0.1 only, with a random password.
+# `postgres` user, listening on 127.0.0.1 only (and ADDRESS if given), with a random password.
 #
-#   scripts/postgres.sh start DIR [PORT]   prints `export AIRLOCK_TEST_POSTGRES_URL=...` to eval
-#                                          (PORT: a free one by default)
+#   scripts/postgres.sh start DIR [PORT [ADDRESS/PREFIX]]
+#       prints `export AIRLOCK_TEST_POSTGRES_URL=...` to eval (PORT: a free one if empty or
+#       missing). With ADDRESS/PREFIX (e.g. 10.78.0.1/24, a host address) it also listens on
+#       ADDRESS, admits clients from its network, and the URL names ADDRESS (scripts/cluster.sh)
 #   scripts/postgres.sh stop DIR           stops it (DIR itself is the caller's to remove)
 set -euo pipefail
 
 bin=$( (ls -d /usr/lib/postgresql/*/bin 2>/dev/null || true) | sort -V | tail -n1)
 [ -x "$bin/initdb" ] || { echo "postgres.sh: no PostgreSQL server (apt-get install postgresql)" >&2; exit 1; }
 cmd=${1:-}; dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop DIR [PORT]" >&2; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop DIR [PORT [ADDRESS/PREFIX]]" >&2; exit 2; }
 as_postgres() { runuser -u postgres -- "$@"; }
 
 case "$cmd" in
@@ -29,10 +31,18 @@ start)
   as_postgres "$bin/initdb" -D "$dir/data" -U postgres --auth=scram-sha-256 \
     --pwfile="$dir/password" >"$dir/initdb.log" 2>&1 ||
     { cat "$dir/initdb.log" >&2; exit 1; }
+  network=${4:-}; host=127.0.0.1; listen=127.0.0.1
+  if [ -n "$network" ]; then
+    host=${network%/*}; listen+=",$host"
+    # Host bits are ignored: 10.78.0.1/24 admits 10.78.0.0/24. This host may connect to ADDRESS
+    # from any of its addresses.
+    printf 'host all all %s scram-sha-256\nhost all all samehost scram-sha-256\n' "$network" \
+      >>"$dir/data/pg_hba.conf"
+  fi
   as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start \
-    -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir" >/dev/null ||
+    -o "-c listen_addresses=$listen -c port=$port -c unix_socket_directories=$dir" >/dev/null ||
     { cat "$dir/server.log" >&2; exit 1; }
-  echo "export AIRLOCK_TEST_POSTGRES_URL='host=127.0.0.1 port=$port user=postgres password=$password dbname=postgres'"
+  echo "export AIRLOCK_TEST_POSTGRES_URL='host=$host port=$port user=postgres password=$password dbname=postgres'"
   ;;
 stop)
   if [ -f "$dir/data/postmaster.pid" ]; then

@@ -26,6 +26,9 @@
 //!   the memory limit (gVisor reports it as `MemTotal`), which the driver then raises by a
 //!   quarter for gVisor's own memory: the agent's OOM guard keeps the sandbox's programs within
 //!   the size. runsc creates and removes them.
+//! - **Host-wide names** (netns, cgroups, `/run` files) are one server's per host by default;
+//!   several servers on one host, each in a network namespace of its own, each take an
+//!   [`Instance`] whose name every one of theirs carries.
 //!
 //! - **Checkpoints: `runsc checkpoint --leave-running`** into `images/{name}`, written under a
 //!   temporary name and renamed, so an image is either whole or absent. A failed checkpoint
@@ -45,6 +48,7 @@ mod cgroup;
 mod disk;
 mod host_cmd;
 mod host_lock;
+mod instance;
 mod loop_device;
 mod network;
 mod oci;
@@ -56,12 +60,14 @@ mod volumes;
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
 use airlock_core::egress::Egress;
 use airlock_core::ids::SandboxId;
+use cgroup::Cgroups;
 use network::{links, Network};
 use runsc::{RunArgs, Runsc};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub use instance::{Instance, InstanceError};
 pub use oci::AGENT_PATH;
 
 /// Where the driver keeps its state, and what it runs.
@@ -81,6 +87,9 @@ pub struct GvisorConfig {
     /// each other and private ranges. The escape suite uses it to show that its network probes
     /// detect a leak.
     pub open_network: bool,
+    /// Whose host-wide names (netns, cgroups, run files) the driver uses and sweeps: the plain
+    /// ones by default, one instance's when several servers share the host.
+    pub instance: Instance,
 }
 
 impl GvisorConfig {
@@ -95,12 +104,15 @@ impl GvisorConfig {
             runsc: PathBuf::from("runsc"),
             netd_binary: netd_binary.into(),
             open_network: false,
+            instance: Instance::default(),
         }
     }
 }
 
 pub struct GvisorDriver {
-    _host_lock: nix::fcntl::Flock<std::fs::File>,
+    _host_locks: host_lock::HostLocks,
+    instance: Instance,
+    cgroups: Cgroups,
     runsc: Runsc,
     bundles: PathBuf,
     images: PathBuf,
@@ -143,15 +155,18 @@ impl GvisorDriver {
         let version = runsc_version::check(&config.runsc)?;
         tracing::info!(runsc = %config.runsc.display(), version, "runsc found");
         let fingerprint = fingerprint(&agent, &config.runsc)?;
-        let host_lock = host_lock::take_host_lock()?;
+        let host_locks = host_lock::take(&config.instance)?;
         let network = Network::new(network::Setup {
             state_dir: &state_dir,
+            run_dir: config.instance.run_dir(),
             enforce: !config.open_network,
             netd_binary: config.netd_binary,
             known,
         })?;
         Ok(GvisorDriver {
-            _host_lock: host_lock,
+            _host_locks: host_locks,
+            cgroups: Cgroups::new(config.instance.cgroup_parent()),
+            instance: config.instance,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
             bundles: state_dir.join("bundles"),
             images: state_dir.join("images"),
@@ -182,7 +197,7 @@ impl GvisorDriver {
         // Without a disk of its own (size 0) the layer's filestore is an unlinked file in the
         // overlay directory, which nothing can measure.
         let writes = disk::used(&overlay).unwrap_or(0);
-        let needed = cgroup::memory_usage(id).unwrap_or(0) + writes + CHECKPOINT_HEADROOM;
+        let needed = self.cgroups.memory_usage(id).unwrap_or(0) + writes + CHECKPOINT_HEADROOM;
         let stat = nix::sys::statvfs::statvfs(&self.images)
             .map_err(|e| DriverError::io("checking free disk space")(e.into()))?;
         let free = stat.blocks_available() * stat.fragment_size();
@@ -204,7 +219,8 @@ impl GvisorDriver {
         image: Option<&Path>,
     ) -> Result<(), DriverError> {
         let id = spec.id.as_str();
-        self.network.attach(id, slot, &spec.egress).await?;
+        let netns = self.instance.netns_name(id);
+        self.network.attach(&netns, slot, &spec.egress).await?;
 
         let bundle = self.bundle_dir(id);
         let overlay_dir = bundle.join("overlay");
@@ -234,7 +250,7 @@ impl GvisorDriver {
 
         let hosts = bundle.join("hosts");
         write(&hosts, oci::hosts_file(id, Network::addrs(slot).sandbox))?;
-        let netns = links::netns_path(id);
+        let netns_path = links::netns_path(&netns);
         let build_tmp = if private_layer {
             None
         } else {
@@ -244,9 +260,9 @@ impl GvisorDriver {
             id,
             rootfs,
             agent_binary: &self.agent_binary,
-            netns: utf8("netns path", &netns)?,
+            netns: utf8("netns path", &netns_path)?,
             hosts_file: utf8("hosts file", &hosts)?,
-            cgroups_path: &cgroup::path_for(id),
+            cgroups_path: &self.cgroups.path_for(id),
             cpu_count: spec.resources.cpu_count,
             memory_mb: spec.resources.memory_mb,
             tmp_dir: build_tmp.as_deref(),
@@ -272,7 +288,8 @@ impl GvisorDriver {
         let memory_mb = u64::from(spec.resources.memory_mb);
         if memory_mb > 0 {
             let headroom = (memory_mb / 4).max(HOST_MEMORY_HEADROOM_MB);
-            cgroup::set_memory_limit(id, (memory_mb + headroom) << 20)?;
+            self.cgroups
+                .set_memory_limit(id, (memory_mb + headroom) << 20)?;
         }
         Ok(())
     }
@@ -285,13 +302,14 @@ impl GvisorDriver {
     /// No `runsc kill` first: `delete --force` SIGKILLs the sandbox process itself.
     async fn teardown(&self, id: &str, slot: Option<u32>) -> Result<(), DriverError> {
         // runsc's kill reaches a frozen sandbox only once it is thawed.
-        let mut result = cgroup::set_frozen(id, false);
+        let mut result = self.cgroups.set_frozen(id, false);
         result = result.and(self.runsc.delete(id).await);
         let bundle = self.bundle_dir(id);
         result = result.and(disk::unmount(&bundle.join("overlay")));
         let volumes = volumes::detach(&bundle.join("airlock"));
-        result = result.and(self.network.detach(id, slot).await);
-        result = result.and(cgroup::remove(id));
+        let netns = self.instance.netns_name(id);
+        result = result.and(self.network.detach(&netns, slot).await);
+        result = result.and(self.cgroups.remove(id));
         if let Err(e) = volumes {
             // A volume may still be bound in the bundle: deleting it would delete its files.
             return result.and(Err(e));
@@ -336,7 +354,8 @@ impl GvisorDriver {
         let rootfs = utf8("rootfs", &spec.rootfs)?;
         // Cleaning up after a failed launch must never hit another sandbox's resources, so
         // refuse to start over anything that already exists.
-        if links::netns_path(id).exists() || self.bundle_dir(id).exists() {
+        if links::netns_path(&self.instance.netns_name(id)).exists() || self.bundle_dir(id).exists()
+        {
             return Err(DriverError::Command {
                 what: format!("launching {id}"),
                 detail: "the id is still in use".into(),
@@ -401,7 +420,7 @@ impl Driver for GvisorDriver {
                 detail: "connections into the sandbox did not close; try again".into(),
             });
         }
-        cgroup::set_frozen(id.as_str(), false)?;
+        self.cgroups.set_frozen(id.as_str(), false)?;
         let partial = self.images.join(format!(".{image}.partial"));
         let _ = std::fs::remove_dir_all(&partial);
         std::fs::DirBuilder::new()
@@ -479,19 +498,19 @@ impl Driver for GvisorDriver {
     }
 
     fn set_frozen(&self, id: &SandboxId, frozen: bool) -> Result<(), DriverError> {
-        cgroup::set_frozen(id.as_str(), frozen)
+        self.cgroups.set_frozen(id.as_str(), frozen)
     }
 
     fn memory_used(&self, id: &SandboxId) -> Option<u64> {
-        cgroup::memory_usage(id.as_str())
+        self.cgroups.memory_usage(id.as_str())
     }
 
     fn usage(&self, id: &SandboxId) -> Option<airlock_core::driver::Usage> {
         let id = id.as_str();
         Some(airlock_core::driver::Usage {
-            cpu_ns: cgroup::cpu_usage_ns(id)?,
-            memory_bytes: cgroup::memory_usage(id)?,
-            memory_cache_bytes: cgroup::memory_cache(id).unwrap_or(0),
+            cpu_ns: self.cgroups.cpu_usage_ns(id)?,
+            memory_bytes: self.cgroups.memory_usage(id)?,
+            memory_cache_bytes: self.cgroups.memory_cache(id).unwrap_or(0),
             disk_bytes: disk::used(&self.bundle_dir(id).join("overlay")).unwrap_or(0),
         })
     }
@@ -530,7 +549,7 @@ impl Driver for GvisorDriver {
     async fn adopt(&self, id: &SandboxId, slot: u32) -> Option<Placement> {
         // Frozen when the last server stopped; this one starts out with it awake. First: a
         // frozen sandbox cannot answer runsc's state query, which would wait for its timeout.
-        if let Err(e) = cgroup::set_frozen(id.as_str(), false) {
+        if let Err(e) = self.cgroups.set_frozen(id.as_str(), false) {
             tracing::warn!(%id, error = %e, "could not thaw an adopted sandbox");
             return None;
         }

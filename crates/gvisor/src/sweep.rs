@@ -1,8 +1,9 @@
 //! Sweeping what a crashed or stopped server left: runsc containers, bundles, netns, cgroups
-//! and links that no kept sandbox names.
+//! and links that no kept sandbox names. Only this server's: its runsc root and data dir, its
+//! instance's netns and cgroups, and links in its network namespace.
 
 use crate::network::links;
-use crate::{cgroup, GvisorDriver};
+use crate::GvisorDriver;
 use airlock_core::driver::DriverError;
 use airlock_core::ids::SandboxId;
 use futures::StreamExt;
@@ -12,8 +13,8 @@ use std::collections::{BTreeSet, HashSet};
 const ORPHANS_AT_ONCE: usize = 8;
 
 impl GvisorDriver {
-    /// Tears down every sandbox-like thing on the host but the sandboxes in `keep` (with their
-    /// slots).
+    /// Tears down every sandbox-like thing of this instance but the sandboxes in `keep` (with
+    /// their slots).
     pub(crate) async fn sweep(&self, keep: &[(SandboxId, u32)]) -> Result<(), DriverError> {
         let keep_ids: HashSet<&str> = keep.iter().map(|(id, _)| id.as_str()).collect();
         let keep_slots: HashSet<u32> = keep.iter().map(|(_, slot)| *slot).collect();
@@ -21,8 +22,12 @@ impl GvisorDriver {
         let mut found = BTreeSet::new();
         found.extend(self.runsc.list().await?);
         found.extend(self.bundle_ids()?);
-        found.extend(links::netns_ids()?);
-        found.extend(cgroup::ids());
+        found.extend(
+            links::netns_names()?
+                .iter()
+                .filter_map(|name| self.instance.netns_id(name).map(str::to_owned)),
+        );
+        found.extend(self.cgroups.ids());
 
         let mut orphans = Vec::new();
         for id in found

@@ -259,6 +259,13 @@ enum Command {
         /// report it as their `clientID` [default: the host's name].
         #[arg(long, value_name = "NAME", value_parser = parse_node_name, env = "AIRLOCK_NODE_NAME")]
         node_name: Option<String>,
+        /// Only when several servers run on one host (each in a network namespace of its own,
+        /// as scripts/cluster.sh starts nodes): NAME (1-32 lowercase letters, digits, hyphens)
+        /// goes into every host-wide name this server uses, so that it neither finds nor sweeps
+        /// another's sandboxes: network namespaces `al.NAME.*`, cgroups `airlock-NAME`, files
+        /// in /run/airlock/NAME. Without it, the plain names of one server per host.
+        #[arg(long, value_name = "NAME", value_parser = airlock_gvisor::Instance::named, env = "AIRLOCK_INSTANCE")]
+        instance: Option<airlock_gvisor::Instance>,
         /// MiB each new volume may hold (E2B's `Volume.create`). Writes through the volume
         /// content API that would take a volume past it are refused with 507.
         #[arg(long, default_value_t = 1024, env = "AIRLOCK_VOLUME_SIZE_MB")]
@@ -495,6 +502,7 @@ async fn run(cli: Cli) -> ExitCode {
             domain,
             node_name,
             cluster,
+            instance,
         } => async {
             let cluster_secret = cluster.secret()?;
             if cluster.role == Role::Gateway {
@@ -539,6 +547,7 @@ async fn run(cli: Cli) -> ExitCode {
                 prepare_only,
                 domain,
                 node_name: node_name.unwrap_or_else(host_node_name),
+                instance: instance.unwrap_or_default(),
                 database: cli.database.clone(),
                 object_store,
                 role: cluster.role,

@@ -1,10 +1,15 @@
-//! Per-sandbox links: a named netns `al-{id}` holding `eth0`, the peer of the host's
-//! `alv{slot}`, with a /30 from [`SlotAddrs`].
+//! Per-sandbox links: a named netns (`al-{id}`, see [`crate::instance::Instance::netns_name`])
+//! holding `eth0`, the peer of the host's `alv{slot}`, with a /30 from [`SlotAddrs`].
 //!
 //! runsc joins the netns through the spec's `linux.namespaces` path and its netstack takes
 //! `eth0`'s address over, so the host kernel only ever routes to the veth. We never use
 //! `ip netns exec`: it remounts `/sys`, after which runsc cannot find its cgroups. Setup is two
 //! `ip -batch` calls (host side, then inside the netns with `ip -n`) to keep spawns few.
+//!
+//! The "host" is the network namespace the server runs in, which need not be the host's own
+//! (several servers on one host, see [`crate::instance`]): so links are looked up by asking the
+//! kernel in this namespace, never in `/sys/class/net`, which shows the namespace of whoever
+//! mounted `/sys`.
 //!
 //! What may cross these links is [`super::firewall`]'s business.
 
@@ -17,16 +22,10 @@ use std::time::Duration;
 use tokio::process::Command;
 
 const NETNS_DIR: &str = "/run/netns";
-const NETNS_PREFIX: &str = "al-";
 pub(crate) const LINK_PREFIX: &str = "alv";
-const SYS_NET: &str = "/sys/class/net";
 
-pub(crate) fn netns_name(id: &str) -> String {
-    format!("{NETNS_PREFIX}{id}")
-}
-
-pub(crate) fn netns_path(id: &str) -> PathBuf {
-    Path::new(NETNS_DIR).join(netns_name(id))
+pub(crate) fn netns_path(netns: &str) -> PathBuf {
+    Path::new(NETNS_DIR).join(netns)
 }
 
 /// The host end of the slot's veth; at most 8 characters (`alv16383`), well under IFNAMSIZ.
@@ -35,12 +34,11 @@ pub(crate) fn link_name(slot: u32) -> String {
 }
 
 pub(crate) fn link_exists(slot: u32) -> bool {
-    Path::new(SYS_NET).join(link_name(slot)).exists()
+    nix::net::if_::if_nametoindex(link_name(slot).as_str()).is_ok()
 }
 
 /// The `ip -batch` scripts for a slot: first the host side, then inside the netns.
-fn scripts(id: &str, slot: u32) -> (String, String) {
-    let ns = netns_name(id);
+fn scripts(ns: &str, slot: u32) -> (String, String) {
     let link = link_name(slot);
     let SlotAddrs { host, sandbox } = SlotAddrs::for_slot(slot);
     let host_side = format!(
@@ -59,19 +57,19 @@ fn scripts(id: &str, slot: u32) -> (String, String) {
 }
 
 /// Creates the netns and veth pair and addresses both ends.
-pub(crate) async fn setup(id: &str, slot: u32) -> Result<(), DriverError> {
-    let (host_side, inside) = scripts(id, slot);
+pub(crate) async fn setup(netns: &str, slot: u32) -> Result<(), DriverError> {
+    let (host_side, inside) = scripts(netns, slot);
     ip_batch(None, &host_side).await?;
-    ip_batch(Some(&netns_name(id)), &inside).await
+    ip_batch(Some(netns), &inside).await
 }
 
 /// Deletes the netns. The kernel then destroys its devices (and so the veth pair)
 /// asynchronously, once no process holds the netns any more.
-pub(crate) async fn delete_netns(id: &str) -> Result<(), DriverError> {
-    if !netns_path(id).exists() {
+pub(crate) async fn delete_netns(netns: &str) -> Result<(), DriverError> {
+    if !netns_path(netns).exists() {
         return Ok(());
     }
-    ip(&["netns", "del", &netns_name(id)]).await
+    ip(&["netns", "del", netns]).await
 }
 
 /// Deletes the host end of the slot's veth if it is still there.
@@ -87,21 +85,9 @@ pub(crate) async fn delete_link(slot: u32) -> Result<(), DriverError> {
     result
 }
 
-/// Sandbox ids that have a netns of ours.
-pub(crate) fn netns_ids() -> Result<Vec<String>, DriverError> {
-    prefixed_names(Path::new(NETNS_DIR), NETNS_PREFIX)
-}
-
-/// Slots that have a host link of ours.
-pub(crate) fn link_slots() -> Result<Vec<u32>, DriverError> {
-    Ok(prefixed_names(Path::new(SYS_NET), LINK_PREFIX)?
-        .iter()
-        .filter_map(|s| s.parse().ok())
-        .collect())
-}
-
-/// Names in `dir` that start with `prefix`, with the prefix cut off. A missing dir is empty.
-fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> {
+/// Every named netns on the host, whoever made it. A missing dir is empty.
+pub(crate) fn netns_names() -> Result<Vec<String>, DriverError> {
+    let dir = Path::new(NETNS_DIR);
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -110,15 +96,28 @@ fn prefixed_names(dir: &Path, prefix: &str) -> Result<Vec<String>, DriverError> 
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(DriverError::io(format!("listing {}", dir.display())))?;
-        if let Some(rest) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.strip_prefix(prefix))
-        {
-            out.push(rest.to_owned());
+        if let Some(name) = entry.file_name().to_str() {
+            out.push(name.to_owned());
         }
     }
     Ok(out)
+}
+
+/// Slots that have a link of ours in this network namespace.
+pub(crate) fn link_slots() -> Result<Vec<u32>, DriverError> {
+    let links = nix::net::if_::if_nameindex()
+        .map_err(|e| DriverError::io("listing network links")(e.into()))?;
+    Ok(links
+        .iter()
+        .filter_map(|link| {
+            link.name()
+                .to_str()
+                .ok()?
+                .strip_prefix(LINK_PREFIX)?
+                .parse()
+                .ok()
+        })
+        .collect())
 }
 
 /// Host-side TCP states in which the sandbox's end of the connection is closed too: after
@@ -235,7 +234,7 @@ mod tests {
 
     #[test]
     fn scripts_address_both_ends_of_the_slot() {
-        let (host, inside) = scripts("abc", 1);
+        let (host, inside) = scripts("al-abc", 1);
         assert_eq!(
             host,
             "netns add al-abc\n\

@@ -31,6 +31,8 @@ const RESOLV_CONF: &str = "/etc/resolv.conf";
 pub(crate) struct Setup<'a> {
     /// Where the slot cursor is kept.
     pub state_dir: &'a Path,
+    /// Where the record of the forwarding switch is kept (the instance's run dir).
+    pub run_dir: PathBuf,
     /// `false` only for the escape suite's isolation-off run (see [`firewall::Install`]).
     pub enforce: bool,
     pub netd_binary: PathBuf,
@@ -44,13 +46,14 @@ pub(crate) struct Network {
     services: Services,
     /// What no sandbox may reach (see [`firewall::deny_set`]).
     deny: Vec<Ipv4Net>,
+    run_dir: PathBuf,
 }
 
 impl Network {
     /// Turns forwarding on, installs the firewall with every known sandbox in it, and starts
     /// the network services. Must run inside the async runtime.
     pub fn new(setup: Setup<'_>) -> Result<Self, DriverError> {
-        let forwarding_was_on = forwarding::enable()?;
+        let forwarding_was_on = forwarding::enable(&setup.run_dir)?;
         let deny = firewall::deny_set(firewall::host_networks()?);
         let resolv_conf = std::fs::read_to_string(RESOLV_CONF).unwrap_or_default();
         let (upstreams, search) = airlock_netd::dns::read_resolv_conf(&resolv_conf);
@@ -103,6 +106,7 @@ impl Network {
             firewall,
             services,
             deny,
+            run_dir: setup.run_dir,
         })
     }
 
@@ -125,9 +129,10 @@ impl Network {
         SlotAddrs::for_slot(slot)
     }
 
-    /// Makes the sandbox's link and puts `egress` in force, all before the sandbox runs.
-    pub async fn attach(&self, id: &str, slot: u32, egress: &Egress) -> Result<(), DriverError> {
-        links::setup(id, slot).await?;
+    /// Makes the sandbox's link (its end in the netns named `netns`) and puts `egress` in force,
+    /// all before the sandbox runs.
+    pub async fn attach(&self, netns: &str, slot: u32, egress: &Egress) -> Result<(), DriverError> {
+        links::setup(netns, slot).await?;
         self.set_egress(slot, egress).await
     }
 
@@ -144,7 +149,7 @@ impl Network {
     /// Undoes [`Network::attach`] once the sandbox is gone (or for what a failed start left),
     /// destroys the host's sockets and flows to its address, and frees the slot. Keeps going
     /// after an error and returns the first.
-    pub async fn detach(&self, id: &str, slot: Option<u32>) -> Result<(), DriverError> {
+    pub async fn detach(&self, netns: &str, slot: Option<u32>) -> Result<(), DriverError> {
         let mut result = Ok(());
         // The link before the netns: deleting it removes both veth ends at once, whereas a
         // deleted netns lets go of its devices asynchronously, and a launch reusing the slot
@@ -156,7 +161,7 @@ impl Network {
             self.services.clear(addr).await;
             result = result.and(links::forget_address(addr).await);
         }
-        result = result.and(links::delete_netns(id).await);
+        result = result.and(links::delete_netns(netns).await);
         if let (Some(slot), Ok(())) = (slot, &result) {
             self.slots.free(slot);
         }
@@ -172,6 +177,6 @@ impl Network {
 
     /// Gives the host back its forwarding switch (a clean shutdown, with no sandbox left).
     pub fn restore_forwarding(&self) {
-        forwarding::restore();
+        forwarding::restore(&self.run_dir);
     }
 }

@@ -63,6 +63,8 @@ pub struct ServeOptions {
     pub domain: Option<String>,
     /// This machine as `GET /nodes` and sandboxes' `clientID` name it.
     pub node_name: String,
+    /// Whose host-wide names the sandboxes get (several servers on one host).
+    pub instance: airlock_gvisor::Instance,
     /// The PostgreSQL that keeps the state (`None`: the data dir's SQLite file).
     pub database: Option<String>,
     /// What a stop does to running sandboxes.
@@ -115,6 +117,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
                 runsc: opts.runsc,
                 netd_binary,
                 open_network: opts.insecure_open_network,
+                instance: opts.instance,
             },
             &known,
         )

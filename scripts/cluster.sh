@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# A whole Airlock cluster on one machine, to try and test the many-machine setup: PostgreSQL,
+# an S3 server, N nodes and M gateways. Each node runs as if on a host of its own: in a network
+# namespace of its own (alc-node-I, address 10.78.0.(10+I) on the host's bridge alc-br0, which is
+# 10.78.0.1), with its own data dir and `--instance node-I` (so that no node sees, or sweeps,
+# another's sandboxes). Gateways run on the host, at 127.0.0.1:(3100+J). PostgreSQL and S3
+# listen on 10.78.0.1 too, for the nodes.
+#
+#   scripts/cluster.sh up [--nodes N] [--gateways M] [--dir DIR]     (default: 2 nodes, 1 gateway)
+#       prints only `export ...` lines, to eval: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (a
+#       tenant's key) of the first gateway (of the first node with --gateways 0),
+#       AIRLOCK_GATEWAYS and AIRLOCK_NODES (URLs, space-separated), AIRLOCK_OPERATOR_KEY and
+#       AIRLOCK_CLUSTER_DIR. Everything else goes to stderr; logs are in DIR/logs/NAME.log.
+#   scripts/cluster.sh stop-node NAME [--dir DIR]
+#       kills node NAME (e.g. node-1) and all of its sandboxes at once, as a power loss would
+#   scripts/cluster.sh start-node NAME [--dir DIR]
+#       starts node NAME again (after stop-node), on its data dir, and waits until it answers
+#   scripts/cluster.sh down [--dir DIR]
+#       stops everything and removes all that `up` made; safe to repeat
+#
+# DIR: `up` makes a private one under /var/tmp; the others take $AIRLOCK_CLUSTER_DIR. Needs root
+# and the release build (scripts/prepare.sh). One cluster per host: the names are fixed. A plain
+# `airlock serve` may run on the host meanwhile (its names are not the nodes'), but if it was
+# started on a host that did not forward, its firewall forwards only its own sandboxes, and the
+# nodes' sandboxes reach no internet until it stops.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/templates-dir.sh
+. scripts/templates-dir.sh
+
+AIRLOCK=$PWD/target/release/airlock
+BRIDGE=alc-br0
+HOST_ADDR=10.78.0.1
+NETWORK=10.78.0.0/24
+TABLE="inet airlock_cluster"
+HEALTH_WAIT_SECS=300
+
+# TODO(roles): until `airlock serve --role` lands, nodes run as plain servers. Then:
+#   node_role_flags=(--role node --cluster-secret-file "$dir/cluster-secret")
+node_role_flags=()
+
+log() { echo "cluster.sh: $*" >&2; }
+die() { log "$@"; exit 1; }
+usage() {
+  echo "usage: $0 up [--nodes N] [--gateways M] [--dir DIR] | stop-node NAME [--dir DIR]" \
+    "| start-node NAME [--dir DIR] | down [--dir DIR]" >&2
+  exit 2
+}
+
+node_addr() { echo "10.78.0.$((10 + ${1#node-}))"; }
+node_names() { if [ -f "$dir/nodes" ]; then cat "$dir/nodes"; fi; }
+
+# --- the network: a bridge on the host, one netns per node -----------------------------------
+
+network_up() {
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$HOST_ADDR/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  # Nodes reach the internet (their sandboxes, their DNS) through the host, as a LAN would.
+  cat /proc/sys/net/ipv4/ip_forward >"$dir/ip_forward.before"
+  echo 1 >/proc/sys/net/ipv4/ip_forward
+  # If the host did not forward before, it forwards only for nodes (and for a plain `airlock
+  # serve`'s sandbox links, alv*: accepting them here opens nothing, its own table decides).
+  local others=accept
+  [ "$(cat "$dir/ip_forward.before")" = 1 ] || others=drop
+  nft -f - <<EOF
+table $TABLE {
+	chain forward {
+		type filter hook forward priority filter; policy accept;
+		ct state established,related accept
+		iifname "$BRIDGE" accept
+		iifname "alv*" accept
+		oifname "$BRIDGE" drop
+		$others
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr $NETWORK oifname != "$BRIDGE" masquerade
+	}
+}
+EOF
+}
+
+node_netns_up() {
+  local name=$1 ns=alc-$1
+  ip netns add "$ns"
+  ip link add "$ns" type veth peer name eth0 netns "$ns"
+  ip link set "$ns" master "$BRIDGE" up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "$(node_addr "$name")/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" route add default via "$HOST_ADDR"
+}
+
+# --- processes ---------------------------------------------------------------------------------
+
+# `airlock` on the cluster's PostgreSQL, as the operator would run it (key create, ...).
+admin() {
+  "$AIRLOCK" --data-dir "$dir/admin" --database "$PGURL" "$@" 2>>"$dir/logs/admin.log" ||
+    { tail -n 5 "$dir/logs/admin.log" >&2; return 1; }
+}
+
+wait_healthy() {
+  local name=$1 url=$2 pid
+  pid=$(cat "$dir/pids/$name")
+  for _ in $(seq $((HEALTH_WAIT_SECS * 5))); do
+    if curl -fsS --max-time 2 "$url/health" >/dev/null 2>&1; then return; fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  tail -n 40 "$dir/logs/$name.log" >&2
+  die "$name did not answer $url/health (its log: $dir/logs/$name.log)"
+}
+
+# A node: root, in its netns. nsenter, not `ip netns exec`, which remounts /sys (hiding the
+# cgroup v1 hierarchies runsc needs): the node keeps the host's mounts and /run/netns, and
+# the driver looks its links up in its own netns itself.
+start_node() {
+  local name=$1
+  # All nodes share the host's templates dir, so built-in templates are built once. (On
+  # Kubernetes each node would fetch templates itself: not built yet.)
+  setsid nsenter --net="/run/netns/alc-$name" -- "$AIRLOCK" \
+    --data-dir "$dir/$name" --database "$PGURL" \
+    serve "${node_role_flags[@]}" --node-name "$name" --instance "$name" \
+    --listen 0.0.0.0:3000 --object-store "$S3URL" \
+    >>"$dir/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$dir/pids/$name"
+}
+
+start_gateway() {
+  local name=$1 port=$2 nodes=$3
+  setsid "$AIRLOCK" --data-dir "$dir/$name" --database "$PGURL" \
+    serve --role gateway --listen "127.0.0.1:$port" --nodes "$nodes" \
+    --cluster-secret-file "$dir/cluster-secret" \
+    >"$dir/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$dir/pids/$name"
+}
+
+# Every process that is the node: the daemon and netd (in its netns), its sandboxes (in their
+# cgroups and netns), and whatever either was starting. SIGKILL, repeated until none is left,
+# so nothing gets to clean up after itself.
+kill_node() {
+  local name=$1 pids pass
+  if [ -f "$dir/pids/$name" ]; then kill -9 "$(cat "$dir/pids/$name")" 2>/dev/null || true; fi
+  for pass in $(seq 20); do
+    pids=$(node_pids "$name")
+    [ -n "$pids" ] || { rm -f "$dir/pids/$name"; return; }
+    # A frozen (cgroup v1 freezer) process dies only once thawed.
+    for state in /sys/fs/cgroup/freezer/airlock-"$name"/*/freezer.state; do
+      if [ -f "$state" ]; then echo THAWED >"$state" 2>/dev/null || true; fi
+    done
+    # shellcheck disable=SC2086  # a list of pids
+    kill -9 $pids 2>/dev/null || true
+    [ "$pass" = 1 ] || sleep 0.2
+  done
+  die "some processes of $name would not die: $(node_pids "$name")"
+}
+
+node_pids() {
+  local name=$1 ns
+  {
+    cat /sys/fs/cgroup/*/airlock-"$name"/*/cgroup.procs /sys/fs/cgroup/airlock-"$name"/*/cgroup.procs 2>/dev/null || true
+    for ns in "/run/netns/alc-$name" /run/netns/al."$name".*; do
+      if [ -e "$ns" ]; then ip netns pids "$(basename "$ns")" 2>/dev/null || true; fi
+    done
+  } | sort -un | tr '\n' ' ' | sed 's/ *$//'
+}
+
+# What a node leaves on the host once its processes are gone: its sandboxes' netns, cgroups and
+# run files, then its own netns (its veth goes with it).
+clean_node() {
+  local name=$1 ns ino cg
+  for ns in /run/netns/al."$name".*; do
+    [ -e "$ns" ] && ip netns del "$(basename "$ns")"
+  done
+  for cg in /sys/fs/cgroup/*/airlock-"$name" /sys/fs/cgroup/airlock-"$name"; do
+    [ -d "$cg" ] || continue
+    find "$cg" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+    rmdir "$cg"
+  done
+  rm -rf "/run/airlock/$name"
+  if [ -e "/run/netns/alc-$name" ]; then
+    ino=$(stat -L -c %i "/run/netns/alc-$name")
+    rm -f "/run/airlock/netns-$ino.lock"
+    ip netns del "alc-$name"
+  fi
+}
+
+# --- commands -----------------------------------------------------------------------------------
+
+up() {
+  local nodes=2 gateways=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+    --nodes) nodes=${2:?}; shift 2 ;;
+    --gateways) gateways=${2:?}; shift 2 ;;
+    --dir) dir=${2:?}; shift 2 ;;
+    *) usage ;;
+    esac
+  done
+  if ! [[ $nodes =~ ^[0-9]+$ ]] || [ "$nodes" -lt 1 ] || [ "$nodes" -gt 200 ]; then
+    die "--nodes: 1 to 200"
+  fi
+  if ! [[ $gateways =~ ^[0-9]+$ ]] || [ "$gateways" -gt 100 ]; then die "--gateways: 0 to 100"; fi
+  [ -x "$AIRLOCK" ] || die "no $AIRLOCK: build it first (scripts/prepare.sh)"
+  ip link show "$BRIDGE" >/dev/null 2>&1 &&
+    die "a cluster is up already (bridge $BRIDGE exists): scripts/cluster.sh down --dir ITS_DIR first"
+  if [ "$gateways" -gt 0 ] && [[ $("$AIRLOCK" serve --help) != *--role* ]]; then
+    die "gateways need 'airlock serve --role', which this build lacks: use --gateways 0"
+  fi
+  if [ -z "${dir:-}" ]; then
+    dir=$(mktemp -d /var/tmp/airlock-cluster.XXXXXX)
+  else
+    mkdir -p "$dir"
+  fi
+  dir=$(realpath "$dir")
+  # Traversable, for PostgreSQL (which runs as its own user).
+  chmod 711 "$dir"
+  touch "$dir/cluster"
+  [ -d /run/airlock ] || touch "$dir/made-run-airlock"
+  mkdir -p "$dir/logs" "$dir/pids"
+  trap 'log "up failed; tearing down"; { down_all && rm -rf "$dir"; } >&2 || true' EXIT
+  log "cluster dir $dir"
+
+  network_up
+  local i name node_urls=() gateway_urls=()
+  for i in $(seq "$nodes"); do
+    echo "node-$i" >>"$dir/nodes"
+    node_netns_up "node-$i"
+  done
+  local exports key operator
+  exports=$(scripts/postgres.sh start "$dir/postgres" "" "$HOST_ADDR/24")
+  eval "$exports"
+  PGURL=$AIRLOCK_TEST_POSTGRES_URL
+  exports=$(scripts/s3.sh start "$dir/s3" "" "$HOST_ADDR")
+  eval "$exports"
+  S3URL=$AIRLOCK_TEST_S3_URL
+  (umask 077 && printf 'PGURL=%q\nS3URL=%q\n' "$PGURL" "$S3URL" >"$dir/env")
+  (umask 077 && head -c 32 /dev/urandom | base64 >"$dir/cluster-secret")
+  key=$(admin key create --name cluster-tenant)
+  operator=$(admin key create --operator --name cluster-operator)
+
+  # The first node alone first: it mounts the shared templates, which the others then find
+  # mounted (several at once would each mount them).
+  for i in $(seq "$nodes"); do
+    name=node-$i
+    node_urls+=("http://$(node_addr "$name"):3000")
+    start_node "$name"
+    [ "$i" -gt 1 ] || wait_healthy "$name" "${node_urls[0]}"
+  done
+  for i in $(seq "$nodes"); do
+    wait_healthy "node-$i" "${node_urls[$((i - 1))]}"
+    log "node-$i is up at ${node_urls[$((i - 1))]}"
+  done
+  local joined
+  joined=$(IFS=,; echo "${node_urls[*]}")
+  for i in $(seq "$gateways"); do
+    start_gateway "gateway-$i" $((3100 + i)) "$joined"
+    gateway_urls+=("http://127.0.0.1:$((3100 + i))")
+  done
+  for i in $(seq "$gateways"); do
+    wait_healthy "gateway-$i" "${gateway_urls[$((i - 1))]}"
+    log "gateway-$i is up at ${gateway_urls[$((i - 1))]}"
+  done
+  trap - EXIT
+
+  local entry=${gateway_urls[0]:-${node_urls[0]}}
+  echo "export E2B_API_URL=$entry E2B_SANDBOX_URL=$entry E2B_API_KEY=$key"
+  echo "export AIRLOCK_GATEWAYS=\"${gateway_urls[*]}\""
+  echo "export AIRLOCK_NODES=\"${node_urls[*]}\""
+  echo "export AIRLOCK_OPERATOR_KEY=$operator"
+  echo "export AIRLOCK_CLUSTER_DIR=$dir"
+}
+
+# Everything `up` made, whatever state it is in; each step is a no-op once done.
+down_all() {
+  local name pidfile
+  for pidfile in "$dir"/pids/gateway-*; do
+    if [ -f "$pidfile" ]; then kill -9 "$(cat "$pidfile")" 2>/dev/null || true; fi
+    rm -f "$pidfile"
+  done
+  for name in $(node_names); do
+    kill_node "$name"
+    clean_node "$name"
+  done
+  scripts/postgres.sh stop "$dir/postgres" 2>/dev/null || true
+  scripts/s3.sh stop "$dir/s3" || true
+  # Sandbox disks and volumes are loop mounts in the nodes' data dirs.
+  { findmnt -rn -o TARGET | grep -F "$dir/" || true; } | sort -r | while read -r target; do
+    umount -l "$target" || true
+  done
+  nft delete table "$TABLE" 2>/dev/null || true
+  ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE"
+  if [ -f "$dir/ip_forward.before" ]; then
+    restore_forwarding "$(cat "$dir/ip_forward.before")"
+    rm -f "$dir/ip_forward.before"
+  fi
+  if [ -f "$dir/made-run-airlock" ]; then rmdir /run/airlock 2>/dev/null || true; fi
+}
+
+# Puts back the host's forwarding switch. A plain `airlock serve` that started meanwhile found
+# it on and would lose its sandboxes' internet: it is handed the record instead, and turns
+# forwarding off at its own clean shutdown.
+restore_forwarding() {
+  local before=$1
+  [ "$before" = 0 ] || return 0
+  if ! flock -n /run/airlock-gvisor.lock true 2>/dev/null; then
+    [ -f /run/airlock/ip_forward.before ] || echo 0 >/run/airlock/ip_forward.before
+    log "left IPv4 forwarding on for the airlock serve that runs on this host"
+    return
+  fi
+  echo 0 >/proc/sys/net/ipv4/ip_forward
+}
+
+down() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+    --dir) dir=${2:?}; shift 2 ;;
+    *) usage ;;
+    esac
+  done
+  dir=${dir:-${AIRLOCK_CLUSTER_DIR:-}}
+  [ -n "$dir" ] || die "which cluster? --dir DIR or AIRLOCK_CLUSTER_DIR"
+  [ -d "$dir" ] || { log "$dir is gone already"; return; }
+  [ -f "$dir/cluster" ] || die "$dir is not a cluster's dir (no $dir/cluster)"
+  dir=$(realpath "$dir")
+  down_all
+  rm -rf "$dir"
+  log "cluster $dir is down"
+}
+
+# NAME [--dir DIR]: sets `name` and `dir`, checks that NAME is a node of DIR's cluster.
+node_args() {
+  name=${1:-}
+  [ -n "$name" ] || usage
+  shift
+  while [ $# -gt 0 ]; do
+    case "$1" in
+    --dir) dir=${2:?}; shift 2 ;;
+    *) usage ;;
+    esac
+  done
+  dir=${dir:-${AIRLOCK_CLUSTER_DIR:-}}
+  if [ -z "$dir" ] || [ ! -f "$dir/cluster" ]; then
+    die "which cluster? --dir DIR or AIRLOCK_CLUSTER_DIR"
+  fi
+  node_names | grep -qx -- "$name" || die "$name is not a node of $dir"
+}
+
+stop_node() {
+  local name
+  node_args "$@"
+  kill_node "$name"
+  log "$name and its sandboxes are killed"
+}
+
+start_node_again() {
+  local name
+  node_args "$@"
+  [ ! -f "$dir/pids/$name" ] || ! kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null ||
+    die "$name runs already"
+  # shellcheck source=/dev/null  # written by `up`
+  . "$dir/env"
+  start_node "$name"
+  wait_healthy "$name" "http://$(node_addr "$name"):3000"
+  log "$name is up again"
+}
+
+[ "$(id -u)" = 0 ] || die "run it as root: nodes need network namespaces, mounts and runsc"
+dir=
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+up) up "$@" ;;
+stop-node) stop_node "$@" ;;
+start-node) start_node_again "$@" ;;
+down) down "$@" ;;
+*) usage ;;
+esac
