@@ -3,6 +3,7 @@
 the request is served. Requests that could not use it wake nothing."""
 
 import shutil
+import threading
 import time
 
 import pytest
@@ -84,6 +85,24 @@ def test_a_files_only_pause_is_not_resumed_by_traffic(server, sandbox_factory):
     sbx.pause(mode="filesystem")
     status, body = get(server, sbx, 8000)
     assert status == 409 and "connect" in body, body
+    assert state_of(sbx) == SandboxState.PAUSED
+
+
+@pytest.mark.newest_sdk
+def test_a_command_streaming_through_a_pause_ends_and_wakes_nothing(sandbox_factory):
+    """A pause ends a command's stream as a kill does, with E2B's "was not found" (no broken
+    read for the SDK to probe the sandbox about), and nothing of that resumes the sandbox."""
+    from e2b.exceptions import SandboxNotRunningException
+
+    sbx = sandbox_factory(lifecycle=AUTO)
+    pauser = threading.Timer(1, sbx.pause)
+    pauser.start()
+    try:
+        with pytest.raises(SandboxNotRunningException) as exc:
+            sbx.commands.run("while true; do echo tick; sleep 0.05; done", timeout=60)
+    finally:
+        pauser.join()
+    assert "was not found" in str(exc.value), exc.value
     assert state_of(sbx) == SandboxState.PAUSED
 
 

@@ -1,9 +1,11 @@
 """Commands through the stock SDK: output, exit codes, cwd, env, background processes, stdin."""
 
+import asyncio
+import threading
 import time
 
 import pytest
-from e2b import CommandExitException, TimeoutException
+from e2b import AsyncSandbox, CommandExitException, Sandbox, TimeoutException
 
 
 def test_create_with_env_vars_and_metadata(sandbox_factory):
@@ -130,3 +132,48 @@ def test_a_login_shell_gets_debians_path_without_asking_id(sandbox, user):
     by_euid = sandbox.commands.run("echo $PATH", user=user).stdout
     assert by_euid == by_id
     assert by_euid.rstrip("\n").endswith(debian), by_euid
+
+
+# A command that prints until it is stopped: its stream is mid-flight when the sandbox goes.
+TICKING = "while true; do echo tick; sleep 0.05; done"
+
+
+def killed_after(seconds, sandbox_id):
+    """Kills the sandbox from another handle after `seconds`, as another client would."""
+    killer = threading.Timer(seconds, Sandbox.kill, args=(sandbox_id,))
+    killer.start()
+    return killer
+
+
+@pytest.mark.newest_sdk
+def test_a_command_whose_sandbox_is_killed_raises_not_running_at_once(sandbox_factory):
+    """The proxy ends the command's Connect stream with E2B's `unavailable` "was not found"
+    (not a body cut mid-chunk, which the SDK reads as a broken connection): the SDK raises its
+    sandbox-not-running error at once, with no health probe, sync and async alike."""
+    from e2b.exceptions import SandboxNotRunningException
+
+    sbx = sandbox_factory()
+    # Positive control: a command nobody kills ends with all its output.
+    assert sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.1; done").stdout == "1\n2\n3\n"
+
+    killer = killed_after(1, sbx.sandbox_id)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxNotRunningException) as exc:
+            sbx.commands.run(TICKING, timeout=60)
+    finally:
+        killer.join()
+    assert time.monotonic() - started < 10
+    assert f"The sandbox {sbx.sandbox_id} was not found" in str(exc.value), exc.value
+
+    async def run_async():
+        asbx = await AsyncSandbox.create("base")
+        killer = killed_after(1, asbx.sandbox_id)
+        try:
+            await asbx.commands.run(TICKING, timeout=60)
+        finally:
+            killer.join()
+
+    with pytest.raises(SandboxNotRunningException) as exc:
+        asyncio.run(run_async())
+    assert "was not found" in str(exc.value), exc.value

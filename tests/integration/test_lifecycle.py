@@ -211,10 +211,10 @@ def test_killing_a_sandbox_mid_command_ends_the_stream(sandbox_factory):
     sbx = sandbox_factory()
     handle = sbx.commands.run("sleep 600", background=True)
     Sandbox.kill(sbx.sandbox_id)
-    # E2B's own words: the SDK finds the sandbox gone once its stream breaks.
+    # The stream ends with E2B proxy's "was not found", which the SDK reads as the sandbox gone.
     with pytest.raises(SandboxNotRunningException) as exc:
         handle.wait()
-    assert "The sandbox was killed or reached its end of life" in str(exc.value), exc.value
+    assert "The sandbox was killed or reached its timeout" in str(exc.value), exc.value
 
 
 def test_get_host_names_a_port_the_proxy_serves(server, restarted):

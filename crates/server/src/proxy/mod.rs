@@ -7,13 +7,16 @@
 //! A sandbox's own host name is an origin of its own, so a web app there is served as it is.
 //!
 //! Bodies stream both ways unbuffered. When a sandbox is killed or paused its open responses are
-//! cut, so the SDK sees the stream break (not a clean end), as it does against E2B.
+//! cut, so a client never takes a truncated body (a file, say) for a whole one; a Connect stream
+//! instead ends as Connect ends one, with an error the SDKs read as "the sandbox is not running"
+//! (see [`envelopes`]).
 //!
 //! Connections to sandboxes are not pooled: a pause checkpoints the sandbox only once every
 //! connection into it is closed (see the gVisor driver), and an idle pooled connection would
 //! hold that up. A new connection over the veth costs well under a millisecond.
 
 mod auto_resume;
+mod envelopes;
 mod signed_urls;
 pub mod target;
 
@@ -29,6 +32,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use envelopes::{Cut, Envelopes};
 use http_body::Frame;
 use std::future::Future;
 use std::pin::Pin;
@@ -190,10 +194,18 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
     };
     match result {
         Ok(resp) => {
-            let (parts, body) = resp.into_parts();
+            let (mut parts, body) = resp.into_parts();
+            let envelopes = envelopes::is_connect_stream(&parts.headers).then(|| {
+                // It may end with our end-of-stream message, which no length counted.
+                parts.headers.remove(header::CONTENT_LENGTH);
+                Envelopes::default()
+            });
             let body = CutOnKill {
                 inner: body,
+                envelopes,
                 stopped: Box::pin(sandbox.stopped()),
+                id,
+                done: false,
                 _awake: awake,
             };
             Response::from_parts(parts, Body::new(body))
@@ -206,32 +218,68 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
     }
 }
 
-/// A response body that fails as soon as its sandbox is killed or paused, so the client's stream
-/// breaks.
+/// A response body that ends as soon as its sandbox is killed or paused: a Connect stream
+/// cleanly, with an end-of-stream error; anything else with a failure, so the client sees it break.
 struct CutOnKill {
     inner: hyper::body::Incoming,
+    /// Set for a Connect stream, which is forwarded whole envelopes at a time.
+    envelopes: Option<Envelopes>,
     stopped: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    id: String,
+    done: bool,
     _awake: airlock_core::lifecycle::Awake,
 }
 
+type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
 impl http_body::Body for CutOnKill {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BodyError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.stopped.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err("the sandbox was killed or paused".into())));
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if this.stopped.as_mut().poll(cx).is_ready() {
+                this.done = true;
+                return Poll::Ready(match this.envelopes.as_mut().map(|e| e.cut(&this.id)) {
+                    Some(Cut::End(last)) => Some(Ok(Frame::data(last))),
+                    Some(Cut::Complete) => None,
+                    Some(Cut::Break) | None => Some(Err("the sandbox was killed or paused".into())),
+                });
+            }
+            let frame = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            let Some(envelopes) = this.envelopes.as_mut() else {
+                return Poll::Ready(frame.map(|f| f.map_err(BodyError::from)));
+            };
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let whole = envelopes.push(data);
+                        if !whole.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(whole))));
+                        }
+                    }
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => {
+                    this.done = true;
+                    let rest = envelopes.rest();
+                    return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
+                }
+            }
         }
-        Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(|e| Box::new(e) as Self::Error)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        // Not while an envelope is held back: it is still to be forwarded.
+        self.done || (self.envelopes.is_none() && self.inner.is_end_stream())
     }
 }
 
