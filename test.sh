@@ -2,6 +2,7 @@
 # The full test suite, one command: installs what is missing, builds, checks formatting and
 # clippy's lints, runs the Rust unit tests and the store's tests on a private PostgreSQL, starts a
 # private S3 server (scripts/s3.sh) for the object storage's tests, Rust and integration ones,
+# renders deploy/kubernetes and checks it against the Kubernetes API's schemas (tests/deploy),
 # builds the `base` and `code-interpreter-v1` templates (cached by content hash), runs a short,
 # bounded fuzz of the parsers that read untrusted bytes (scripts/fuzz.sh), then runs the
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
@@ -46,6 +47,8 @@ scripts/install-test-deps.sh
 echo "==> formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
+echo "==> the Kubernetes manifests (rendered by kubectl kustomize, validated offline)"
+.venv/bin/python -m pytest tests/deploy -q
 echo "==> unit tests"
 cargo test --locked --release --workspace --quiet
 # Runs the ignored unit tests named by FILTER (they need a server this script started), and

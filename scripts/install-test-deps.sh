@@ -5,7 +5,9 @@
 # that needs credentials, musl's compiler for an image with no glibc in it, and a headless
 # Chromium that drives the web dashboard, and PostgreSQL (Debian's server, run by
 # scripts/postgres.sh in a directory of its own) for the store's PostgreSQL tests, and s3s-fs
-# (crates.io, built once by scripts/s3.sh) as a real S3 server for the object storage's tests.
+# (crates.io, built once by scripts/s3.sh) as a real S3 server for the object storage's tests,
+# and kubectl (Debian's `kubernetes-client`, unless one is on PATH already) to render
+# deploy/kubernetes for tests/deploy.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -13,6 +15,7 @@ missing=()
 for pkg in docker-registry skopeo umoci musl-tools apache2-utils chromium postgresql; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
+command -v kubectl >/dev/null || missing+=(kubernetes-client)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "airlock: installing ${missing[*]} (for the tests)"
   apt-get update -qq
