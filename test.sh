@@ -8,6 +8,8 @@
 # integration tests: a real `airlock serve` with real gVisor sandboxes, driven by the pinned e2b
 # and e2b-code-interpreter SDKs from PyPI, then the suites of the SDK's own surface again with
 # the older ones that tests/requirements-compat.txt pins (less the tests marked `newest_sdk`).
+# Between the two, tests/cluster starts a whole cluster on this machine (PostgreSQL, S3, two
+# nodes in network namespaces of their own, two gateways) and drives it with the SDK.
 # A skipped test fails
 # the run unless tests/integration/conftest.py's ALLOWED_SKIPS names it, and so does an unknown
 # marker (--strict-markers, in tests/integration/pytest.ini).
@@ -75,6 +77,9 @@ echo "==> fuzz (bounded)"; scripts/fuzz.sh
 echo "==> integration tests"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}
+echo "==> many machines: two gateways and two nodes on this machine (scripts/cluster.sh)"
+# shellcheck disable=SC2086
+.venv/bin/python -m pytest tests/cluster ${PYTEST_ARGS:-}
 echo "==> integration tests with the older SDKs of tests/requirements-compat.txt"
 # What differs between SDK versions is the SDK's own surface: sandboxes, commands, files, the code
 # interpreter, pause and resume, logs and metrics, templates and volumes. The suites of the server's

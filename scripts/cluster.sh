@@ -10,11 +10,14 @@
 #       prints only `export ...` lines, to eval: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (a
 #       tenant's key) of the first gateway (of the first node with --gateways 0),
 #       AIRLOCK_GATEWAYS and AIRLOCK_NODES (URLs, space-separated), AIRLOCK_OPERATOR_KEY and
-#       AIRLOCK_CLUSTER_DIR. Everything else goes to stderr; logs are in DIR/logs/NAME.log.
+#       AIRLOCK_CLUSTER_DIR, and AIRLOCK_CLUSTER_DATABASE_URL (for `airlock key --database`).
+#       Everything else goes to stderr; logs are in DIR/logs/NAME.log.
 #   scripts/cluster.sh stop-node NAME [--dir DIR]
 #       kills node NAME (e.g. node-1) and all of its sandboxes at once, as a power loss would
 #   scripts/cluster.sh start-node NAME [--dir DIR]
 #       starts node NAME again (after stop-node), on its data dir, and waits until it answers
+#   scripts/cluster.sh stop-gateway NAME [--dir DIR] / start-gateway NAME [--dir DIR]
+#       kills gateway NAME (e.g. gateway-1) / starts it again
 #   scripts/cluster.sh down [--dir DIR]
 #       stops everything and removes all that `up` made; safe to repeat
 #
@@ -35,15 +38,12 @@ NETWORK=10.78.0.0/24
 TABLE="inet airlock_cluster"
 HEALTH_WAIT_SECS=300
 
-# TODO(roles): until `airlock serve --role` lands, nodes run as plain servers. Then:
-#   node_role_flags=(--role node --cluster-secret-file "$dir/cluster-secret")
-node_role_flags=()
-
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "$@"; exit 1; }
 usage() {
   echo "usage: $0 up [--nodes N] [--gateways M] [--dir DIR] | stop-node NAME [--dir DIR]" \
-    "| start-node NAME [--dir DIR] | down [--dir DIR]" >&2
+    "| start-node NAME [--dir DIR] | stop-gateway NAME [--dir DIR]" \
+    "| start-gateway NAME [--dir DIR] | down [--dir DIR]" >&2
   exit 2
 }
 
@@ -121,14 +121,19 @@ start_node() {
   # Kubernetes each node would fetch templates itself: not built yet.)
   setsid nsenter --net="/run/netns/alc-$name" -- "$AIRLOCK" \
     --data-dir "$dir/$name" --database "$PGURL" \
-    serve "${node_role_flags[@]}" --node-name "$name" --instance "$name" \
+    serve --role node --cluster-secret-file "$dir/cluster-secret" \
+    --node-name "$name" --instance "$name" \
     --listen 0.0.0.0:3000 --object-store "$S3URL" \
     >>"$dir/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$dir/pids/$name"
 }
 
+# Gateway J: on the host, at 127.0.0.1:(3100+J), in front of every node.
+gateway_port() { echo $((3100 + ${1#gateway-})); }
 start_gateway() {
-  local name=$1 port=$2 nodes=$3
+  local name=$1 port nodes
+  port=$(gateway_port "$name")
+  nodes=$(cat "$dir/node-endpoints")
   setsid "$AIRLOCK" --data-dir "$dir/$name" --database "$PGURL" \
     serve --role gateway --listen "127.0.0.1:$port" --nodes "$nodes" \
     --cluster-secret-file "$dir/cluster-secret" \
@@ -184,6 +189,8 @@ clean_node() {
     rm -f "/run/airlock/netns-$ino.lock"
     ip netns del "alc-$name"
   fi
+  # The kernel may keep a deleted netns a while (its sockets' last packets): its veth goes now.
+  ! ip link show "alc-$name" >/dev/null 2>&1 || ip link del "alc-$name"
 }
 
 # --- commands -----------------------------------------------------------------------------------
@@ -205,9 +212,6 @@ up() {
   [ -x "$AIRLOCK" ] || die "no $AIRLOCK: build it first (scripts/prepare.sh)"
   ip link show "$BRIDGE" >/dev/null 2>&1 &&
     die "a cluster is up already (bridge $BRIDGE exists): scripts/cluster.sh down --dir ITS_DIR first"
-  if [ "$gateways" -gt 0 ] && [[ $("$AIRLOCK" serve --help) != *--role* ]]; then
-    die "gateways need 'airlock serve --role', which this build lacks: use --gateways 0"
-  fi
   if [ -z "${dir:-}" ]; then
     dir=$(mktemp -d /var/tmp/airlock-cluster.XXXXXX)
   else
@@ -252,11 +256,11 @@ up() {
     wait_healthy "node-$i" "${node_urls[$((i - 1))]}"
     log "node-$i is up at ${node_urls[$((i - 1))]}"
   done
-  local joined
-  joined=$(IFS=,; echo "${node_urls[*]}")
+  (IFS=,; echo "${node_urls[*]}") >"$dir/node-endpoints"
   for i in $(seq "$gateways"); do
-    start_gateway "gateway-$i" $((3100 + i)) "$joined"
-    gateway_urls+=("http://127.0.0.1:$((3100 + i))")
+    echo "gateway-$i" >>"$dir/gateways"
+    start_gateway "gateway-$i"
+    gateway_urls+=("http://127.0.0.1:$(gateway_port "gateway-$i")")
   done
   for i in $(seq "$gateways"); do
     wait_healthy "gateway-$i" "${gateway_urls[$((i - 1))]}"
@@ -270,6 +274,8 @@ up() {
   echo "export AIRLOCK_NODES=\"${node_urls[*]}\""
   echo "export AIRLOCK_OPERATOR_KEY=$operator"
   echo "export AIRLOCK_CLUSTER_DIR=$dir"
+  # Not AIRLOCK_DATABASE_URL, which an `airlock serve` started in the same shell would take.
+  printf 'export AIRLOCK_CLUSTER_DATABASE_URL=%q\n' "$PGURL"
 }
 
 # Everything `up` made, whatever state it is in; each step is a no-op once done.
@@ -347,6 +353,39 @@ node_args() {
   node_names | grep -qx -- "$name" || die "$name is not a node of $dir"
 }
 
+# NAME [--dir DIR]: sets `name` and `dir`, checks that NAME is a gateway of DIR's cluster.
+gateway_args() {
+  name=${1:-}
+  [ -n "$name" ] || usage
+  shift
+  [ "${1:-}" != --dir ] || dir=${2:?}
+  dir=${dir:-${AIRLOCK_CLUSTER_DIR:-}}
+  if [ -z "$dir" ] || [ ! -f "$dir/cluster" ]; then
+    die "which cluster? --dir DIR or AIRLOCK_CLUSTER_DIR"
+  fi
+  grep -qx -- "$name" "$dir/gateways" 2>/dev/null || die "$name is not a gateway of $dir"
+}
+
+stop_gateway() {
+  local name
+  gateway_args "$@"
+  if [ -f "$dir/pids/$name" ]; then kill -9 "$(cat "$dir/pids/$name")" 2>/dev/null || true; fi
+  rm -f "$dir/pids/$name"
+  log "$name is killed"
+}
+
+start_gateway_again() {
+  local name
+  gateway_args "$@"
+  [ ! -f "$dir/pids/$name" ] || ! kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null ||
+    die "$name runs already"
+  # shellcheck source=/dev/null  # written by `up`
+  . "$dir/env"
+  start_gateway "$name"
+  wait_healthy "$name" "http://127.0.0.1:$(gateway_port "$name")"
+  log "$name is up again"
+}
+
 stop_node() {
   local name
   node_args "$@"
@@ -374,6 +413,8 @@ case "$cmd" in
 up) up "$@" ;;
 stop-node) stop_node "$@" ;;
 start-node) start_node_again "$@" ;;
+stop-gateway) stop_gateway "$@" ;;
+start-gateway) start_gateway_again "$@" ;;
 down) down "$@" ;;
 *) usage ;;
 esac

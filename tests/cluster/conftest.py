@@ -2,13 +2,12 @@
 server, two nodes each in its own network namespace, two gateways), driven by the stock e2b
 SDK through the gateways."""
 
+import json
 import os
-import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-import json
 
 import pytest
 
@@ -31,11 +30,19 @@ class Cluster:
                               capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "AIRLOCK_CLUSTER_DIR": str(self.dir)})
 
+    def airlock_cli(self, *args):
+        """`airlock ARGS` as a client of a gateway (pass --url and --api-key)."""
+        out = subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
+                              str(self.dir / "cli"), *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
     def airlock(self, *args):
         """`airlock ARGS` on the cluster's PostgreSQL (keys live there)."""
         out = subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
                               str(self.dir / "cli"), "--database",
-                              self.env["AIRLOCK_DATABASE_URL"], *args],
+                              self.env["AIRLOCK_CLUSTER_DATABASE_URL"], *args],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return out.stdout
@@ -62,11 +69,20 @@ class Cluster:
         return log.read_text()[-lines * 200:] if log.exists() else f"(no {log})"
 
 
+def exports(text):
+    """The variables of `export A=1 B="2 3"` lines, as a shell would set them."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            found.update(word.split("=", 1) for word in shlex.split(line)[1:])
+    return found
+
+
 @pytest.fixture(scope="session")
 def cluster():
     up = subprocess.run(["bash", str(REPO / "scripts/cluster.sh"), "up", "--nodes", "2",
                          "--gateways", "2"], capture_output=True, text=True, timeout=900)
-    env = dict(re.findall(r"(\w+)='([^']*)'", up.stdout))
+    env = exports(up.stdout)
     if up.returncode != 0:
         if env.get("AIRLOCK_CLUSTER_DIR"):
             subprocess.run(["bash", str(REPO / "scripts/cluster.sh"), "down"], timeout=300,

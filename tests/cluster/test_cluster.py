@@ -7,7 +7,7 @@ import time
 import uuid
 
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
 from e2b.exceptions import RateLimitException
 
 from harness import fetch
@@ -147,6 +147,51 @@ def test_a_stopped_gateway_loses_nothing(cluster):
         assert sbx.commands.run("cat /home/user/kept.txt").stdout == "kept\n"
     finally:
         kill_all([sbx])
+
+
+def test_a_template_built_through_one_gateway_starts_on_every_node(cluster):
+    name = f"cluster-{uuid.uuid4().hex[:6]}"
+    built = Template().from_template("base").run_cmd("echo built > /home/user/built.txt")
+    Template.build(built, name, **cluster.sdk(gateway=1))
+    made = [Sandbox.create(name, **cluster.sdk(gateway=i % 2)) for i in range(4)]
+    try:
+        assert {node_of(cluster, s.sandbox_id) for s in made} == {"node-1", "node-2"}
+        for sbx in made:
+            assert sbx.commands.run("cat /home/user/built.txt").stdout == "built\n"
+    finally:
+        kill_all(made)
+
+
+def node_status(cluster, name):
+    _, nodes = cluster.api("GET", "/nodes", key=cluster.operator)
+    return next(n["status"] for n in nodes if n["nodeID"] == name)
+
+
+def test_a_drained_node_pauses_its_sandboxes_and_they_resume_elsewhere(cluster):
+    made = [Sandbox.create("base", **cluster.sdk()) for _ in range(2)]
+    drained = node_of(cluster, made[0].sandbox_id)
+    try:
+        made[0].files.write("/home/user/kept.txt", "through the drain")
+        cluster.airlock_cli("--url", cluster.gateways[1], "--api-key", cluster.operator,
+                            "node", "drain", drained)
+        wait_for(lambda: node_status(cluster, drained) == "draining", 5, f"{drained} draining")
+
+        def paused():
+            _, detail = cluster.api("GET", f"/sandboxes/{made[0].sandbox_id}")
+            return detail["state"] == "paused"
+
+        wait_for(paused, 60, "the drained node's sandbox paused")
+        fresh = Sandbox.create("base", **cluster.sdk())
+        made.append(fresh)
+        assert node_of(cluster, fresh.sandbox_id) != drained
+        # Its next request resumes it on another node (auto-resume), files and all.
+        assert made[0].commands.run("cat /home/user/kept.txt").stdout == "through the drain"
+        assert node_of(cluster, made[0].sandbox_id) != drained
+    finally:
+        cluster.airlock_cli("--url", cluster.gateways[0], "--api-key", cluster.operator,
+                            "node", "undrain", drained)
+        kill_all(made)
+    wait_for(lambda: node_status(cluster, drained) == "ready", 5, f"{drained} ready again")
 
 
 def wait_for(condition, timeout, what):

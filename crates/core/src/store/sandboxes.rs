@@ -489,6 +489,13 @@ impl SandboxRecords {
         self.db.query(&sql, &[], record).await
     }
 
+    /// The sandboxes of API key `owner` on every node, in the order they were created.
+    pub async fn of_owner(&self, owner: &str) -> Result<Vec<SandboxRecord>, StoreError> {
+        let sql =
+            format!("SELECT {COLUMNS} WHERE owner = $1 AND {LISTED} ORDER BY started_at_us, id");
+        self.db.query(&sql, &[owner.into()], record).await
+    }
+
     /// The sandboxes `node` runs or keeps paused, in the order they were created.
     pub async fn of_node(&self, node: &str) -> Result<Vec<SandboxRecord>, StoreError> {
         let sql =

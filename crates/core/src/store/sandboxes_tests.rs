@@ -48,7 +48,9 @@ pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
     assert_eq!(all.len(), 3);
     assert_eq!(all[0].end_at, 99);
     assert_eq!(all[1], record("b2", 1));
-    assert_eq!(sandboxes.of_node("n2").await.unwrap(), [elsewhere]);
+    assert_eq!(sandboxes.of_node("n2").await.unwrap(), [elsewhere.clone()]);
+    assert_eq!(sandboxes.of_owner("k1").await.unwrap().len(), 3);
+    assert!(sandboxes.of_owner("k2").await.unwrap().is_empty());
     let open = Egress::from_request(Some(true), &[], &[]).unwrap();
     sandboxes.set_network(&a1, &open, false).await.unwrap();
     let a = sandboxes.get(&a1).await.unwrap().unwrap();

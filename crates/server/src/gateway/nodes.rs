@@ -275,3 +275,109 @@ impl NodeTable {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(nodes: &[(&str, u32, NodeStatus, u32)]) -> Arc<NodeTable> {
+        let secret_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(secret_file.path(), "s".repeat(32)).unwrap();
+        let secret = ClusterSecret::read(secret_file.path()).unwrap();
+        let table = NodeTable::new(Vec::new(), secret, node_client());
+        let mut known = table.known.write().unwrap();
+        for (i, (name, sandboxes, status, misses)) in nodes.iter().enumerate() {
+            let endpoint = format!("10.0.0.{i}:3000");
+            let report = NodeReport {
+                node: Node {
+                    node_id: (*name).into(),
+                    status: *status,
+                    sandbox_count: *sandboxes,
+                    allocated_cpu: 0,
+                    allocated_memory_mib: 0,
+                },
+                cpus: 2,
+                memory_available_mib: 1024,
+                max_sandboxes: 100,
+                launches_queued: 0,
+            };
+            known.insert(
+                endpoint.clone(),
+                Known {
+                    endpoint,
+                    report: Some(report),
+                    misses: *misses,
+                    placed: AtomicU32::new(0),
+                },
+            );
+        }
+        drop(known);
+        table
+    }
+
+    #[tokio::test]
+    async fn places_on_the_least_loaded_healthy_ready_node_and_spreads_a_burst() {
+        use NodeStatus::*;
+        let nodes = table(&[
+            ("busy", 10, Ready, 0),
+            ("idle", 0, Ready, 0),
+            ("gone", 0, Ready, MISSES),
+            ("drained", 0, Draining, 0),
+            ("quiet", 2, Ready, 0),
+        ]);
+        let picks: Vec<String> = (0..6).map(|_| nodes.place().unwrap().name).collect();
+        // What was placed since the last poll counts: idle takes two, then they alternate.
+        assert_eq!(picks, ["idle", "idle", "idle", "quiet", "idle", "quiet"]);
+        assert_eq!(nodes.healthy("gone"), Err(NoNode::Unhealthy("gone".into())));
+        assert_eq!(
+            nodes.ready("drained"),
+            Err(NoNode::Draining("drained".into()))
+        );
+        assert!(nodes.healthy("drained").is_ok());
+        assert_eq!(nodes.healthy("nope"), Err(NoNode::Unknown("nope".into())));
+        let shown: Vec<_> = nodes
+            .list()
+            .into_iter()
+            .map(|n| (n.node_id, n.status))
+            .collect();
+        assert!(shown.contains(&("gone".into(), Unhealthy)), "{shown:?}");
+        assert!(shown.contains(&("drained".into(), Draining)), "{shown:?}");
+        let none = table(&[("gone", 0, Ready, MISSES), ("drained", 0, Draining, 0)]);
+        assert_eq!(none.place(), Err(NoNode::NoneReady { known: 2 }));
+    }
+
+    /// `cargo test --release -p airlock placement_at_scale -- --ignored --nocapture`: placement
+    /// decisions per second with 100 nodes holding 100,000 sandboxes (docs/benchmarks.md).
+    #[tokio::test]
+    #[ignore]
+    async fn placement_at_scale() {
+        let names: Vec<String> = (0..100).map(|i| format!("node-{i}")).collect();
+        let specs: Vec<(&str, u32, NodeStatus, u32)> = names
+            .iter()
+            .map(|n| (n.as_str(), 1000, NodeStatus::Ready, 0))
+            .collect();
+        let nodes = table(&specs);
+        let decisions = 1_000_000;
+        let started = std::time::Instant::now();
+        for _ in 0..decisions {
+            nodes.place().unwrap();
+        }
+        let elapsed = started.elapsed();
+        let spread: Vec<u32> = nodes
+            .known
+            .read()
+            .unwrap()
+            .values()
+            .map(|n| n.placed.load(Ordering::Relaxed))
+            .collect();
+        println!(
+            "100 nodes, 100000 sandboxes: {:.0} placements/s ({:.2} us each); placed per node \
+             min {} max {}; node table {} bytes",
+            decisions as f64 / elapsed.as_secs_f64(),
+            elapsed.as_secs_f64() * 1e6 / decisions as f64,
+            spread.iter().min().unwrap(),
+            spread.iter().max().unwrap(),
+            std::mem::size_of::<Known>() * 100
+        );
+    }
+}

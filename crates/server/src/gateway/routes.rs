@@ -107,7 +107,13 @@ async fn with_caller(
     let node = match route {
         Route::Create | Route::AnyNode => gw.nodes.place(),
         Route::Sandbox(id) => match owned_sandbox(gw, &caller, &id).await {
-            Ok(record) => node_of(gw, &record),
+            Ok(record) => match node_of(gw, &record) {
+                Err(e) if record.state == SandboxState::Running => {
+                    return ApiError::new(StatusCode::BAD_GATEWAY, lost(&record, &e))
+                        .into_response()
+                }
+                found => found,
+            },
             Err(e) => return e.into_response(),
         },
         Route::Nodes if caller.operator => return Json(gw.nodes.list()).into_response(),
@@ -193,8 +199,18 @@ async fn sandbox_traffic(gw: &GatewayState, id: &str, req: Request) -> Response 
                 .send(&node, req, None, Kind::SandboxTraffic)
                 .await
         }
-        Err(e) => bad_gateway(id, &format!("The sandbox was lost with its node: {e}")),
+        Err(e) if record.state == SandboxState::Running => bad_gateway(id, &lost(&record, &e)),
+        Err(e) => no_node(e),
     }
+}
+
+/// What a running sandbox whose node is gone is: lost with it (its memory was there).
+fn lost(record: &SandboxRecord, why: &NoNode) -> String {
+    format!(
+        "sandbox {} was lost with its node: {why}; a paused sandbox would have moved, a \
+         running one cannot",
+        record.id
+    )
 }
 
 /// `GET /nodes/{name}` of a node that does not answer: what the catalog puts there.

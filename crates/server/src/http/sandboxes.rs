@@ -426,7 +426,7 @@ async fn matching<'a>(
     let template = query
         .get("template")
         .map(|t| airlock_core::store::split_reference(t).0);
-    let mut records: Vec<_> = listed(state)
+    let mut records: Vec<_> = listed(state, caller)
         .await?
         .into_iter()
         .filter(|r| caller.sees(&r.owner))
@@ -445,13 +445,13 @@ async fn matching<'a>(
     Ok((records, names))
 }
 
-/// Every sandbox a list may show: this server's own, or on a node, the whole cluster's from
-/// the catalog (a gateway sends a list to any one node).
-async fn listed(state: &AppState) -> Result<Vec<Arc<SandboxRecord>>, ApiError> {
+/// The sandboxes a list may show: this server's own, or on a node, the caller's in the whole
+/// cluster, from the catalog (a gateway sends a list to any one node).
+async fn listed(state: &AppState, caller: &Caller) -> Result<Vec<Arc<SandboxRecord>>, ApiError> {
     if state.role != Role::Node {
         return Ok(state.lifecycle.list_records());
     }
-    let all = state.store.sandboxes().all().await?;
+    let all = state.store.sandboxes().of_owner(&caller.0).await?;
     Ok(all.into_iter().map(Arc::new).collect())
 }
 
