@@ -13,6 +13,7 @@
 #   bench/run.sh mcp [args]           bench/mcp_latency.py       (MCP run_code over stdio and HTTP)
 #   bench/run.sh overload [args]      bench/overload.py    (bursts of 100 and 300 creates at once)
 #   bench/run.sh pools [args]         bench/pools.py       (a quiet host's CPU with 20 templates' pools)
+#   bench/run.sh cluster [args]       bench/cluster.py     (two gateways, two nodes: overhead, spread, loss)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/templates-dir.sh
@@ -36,10 +37,11 @@ case "$suite" in
   mcp) .venv/bin/python bench/mcp_latency.py --data-dir "$DATA_DIR" "$@" ;;
   overload) .venv/bin/python bench/overload.py --data-dir "$DATA_DIR" "$@" ;;
   pools) .venv/bin/python bench/pools.py --data-dir "$DATA_DIR" "$@" ;;
+  cluster) .venv/bin/python bench/cluster.py "$@" ;;
   templates) scripts/install-test-deps.sh; .venv/bin/python bench/templates.py --data-dir "$DATA_DIR" "$@" ;;
   all)
     .venv/bin/python bench/startup.py --data-dir "$DATA_DIR"
     echo
     .venv/bin/python bench/interpreter.py --data-dir "$DATA_DIR" ;;
-  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|overload|pools|all] [args]" >&2; exit 2 ;;
+  *) echo "usage: bench/run.sh [startup|interpreter|restart|templates|pause|volumes|transfer|density|mcp|overload|pools|cluster|all] [args]" >&2; exit 2 ;;
 esac

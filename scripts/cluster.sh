@@ -318,7 +318,8 @@ restore_forwarding() {
   echo 0 >/proc/sys/net/ipv4/ip_forward
 }
 
-down() {
+# [--dir DIR]: sets `dir`, from AIRLOCK_CLUSTER_DIR without the flag.
+dir_arg() {
   while [ $# -gt 0 ]; do
     case "$1" in
     --dir) dir=${2:?}; shift 2 ;;
@@ -327,6 +328,10 @@ down() {
   done
   dir=${dir:-${AIRLOCK_CLUSTER_DIR:-}}
   [ -n "$dir" ] || die "which cluster? --dir DIR or AIRLOCK_CLUSTER_DIR"
+}
+
+down() {
+  dir_arg "$@"
   [ -d "$dir" ] || { log "$dir is gone already"; return; }
   [ -f "$dir/cluster" ] || die "$dir is not a cluster's dir (no $dir/cluster)"
   dir=$(realpath "$dir")
@@ -335,40 +340,21 @@ down() {
   log "cluster $dir is down"
 }
 
-# NAME [--dir DIR]: sets `name` and `dir`, checks that NAME is a node of DIR's cluster.
-node_args() {
-  name=${1:-}
+# KIND NAME [--dir DIR]: sets `name` and `dir`, checks that NAME is one of the KINDs (nodes or
+# gateways) of DIR's cluster.
+member_args() {
+  local kind=$1
+  name=${2:-}
   [ -n "$name" ] || usage
-  shift
-  while [ $# -gt 0 ]; do
-    case "$1" in
-    --dir) dir=${2:?}; shift 2 ;;
-    *) usage ;;
-    esac
-  done
-  dir=${dir:-${AIRLOCK_CLUSTER_DIR:-}}
-  if [ -z "$dir" ] || [ ! -f "$dir/cluster" ]; then
-    die "which cluster? --dir DIR or AIRLOCK_CLUSTER_DIR"
-  fi
-  node_names | grep -qx -- "$name" || die "$name is not a node of $dir"
-}
-
-# NAME [--dir DIR]: sets `name` and `dir`, checks that NAME is a gateway of DIR's cluster.
-gateway_args() {
-  name=${1:-}
-  [ -n "$name" ] || usage
-  shift
-  [ "${1:-}" != --dir ] || dir=${2:?}
-  dir=${dir:-${AIRLOCK_CLUSTER_DIR:-}}
-  if [ -z "$dir" ] || [ ! -f "$dir/cluster" ]; then
-    die "which cluster? --dir DIR or AIRLOCK_CLUSTER_DIR"
-  fi
-  grep -qx -- "$name" "$dir/gateways" 2>/dev/null || die "$name is not a gateway of $dir"
+  shift 2
+  dir_arg "$@"
+  [ -f "$dir/cluster" ] || die "$dir is not a cluster's dir (no $dir/cluster)"
+  grep -qx -- "$name" "$dir/$kind" 2>/dev/null || die "$name is not one of the $kind of $dir"
 }
 
 stop_gateway() {
   local name
-  gateway_args "$@"
+  member_args gateways "$@"
   if [ -f "$dir/pids/$name" ]; then kill -9 "$(cat "$dir/pids/$name")" 2>/dev/null || true; fi
   rm -f "$dir/pids/$name"
   log "$name is killed"
@@ -376,7 +362,7 @@ stop_gateway() {
 
 start_gateway_again() {
   local name
-  gateway_args "$@"
+  member_args gateways "$@"
   [ ! -f "$dir/pids/$name" ] || ! kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null ||
     die "$name runs already"
   # shellcheck source=/dev/null  # written by `up`
@@ -388,14 +374,14 @@ start_gateway_again() {
 
 stop_node() {
   local name
-  node_args "$@"
+  member_args nodes "$@"
   kill_node "$name"
   log "$name and its sandboxes are killed"
 }
 
 start_node_again() {
   local name
-  node_args "$@"
+  member_args nodes "$@"
   [ ! -f "$dir/pids/$name" ] || ! kill -0 "$(cat "$dir/pids/$name")" 2>/dev/null ||
     die "$name runs already"
   # shellcheck source=/dev/null  # written by `up`

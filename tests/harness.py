@@ -5,6 +5,7 @@ import ipaddress
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -106,6 +107,15 @@ class Server:
         sent = {**sent, "Content-Type": "application/json", **(headers or {})}
         status, _, text = fetch(self.url + path, sent, method, data)
         return status, (json.loads(text) if text else None)
+
+
+def exports(text):
+    """The variables that `export A=1 B="2 3"` lines (a script's output, to eval) set."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            found.update(word.split("=", 1) for word in shlex.split(line)[1:])
+    return found
 
 
 def fetch(url, headers=None, method="GET", data=None):

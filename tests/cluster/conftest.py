@@ -4,7 +4,6 @@ SDK through the gateways."""
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
-from harness import fetch  # noqa: E402
+from harness import exports, fetch  # noqa: E402
 
 
 class Cluster:
@@ -67,15 +66,6 @@ class Cluster:
     def log_tail(self, name, lines=40):
         log = self.dir / "logs" / f"{name}.log"
         return log.read_text()[-lines * 200:] if log.exists() else f"(no {log})"
-
-
-def exports(text):
-    """The variables of `export A=1 B="2 3"` lines, as a shell would set them."""
-    found = {}
-    for line in text.splitlines():
-        if line.startswith("export "):
-            found.update(word.split("=", 1) for word in shlex.split(line)[1:])
-    return found
 
 
 @pytest.fixture(scope="session")

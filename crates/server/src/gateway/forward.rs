@@ -1,10 +1,11 @@
 //! Sends a request on to a node as it came, bodies streaming both ways, with the cluster secret
-//! and the caller the gateway checked. The Host header stays: a node routes sandbox traffic by
-//! it (`{port}-{id}.{domain}`).
+//! and the caller the gateway checked. The Host header stays, unlike at the proxy into a
+//! sandbox: a node routes sandbox traffic by it (`{port}-{id}.{domain}`).
 
 use super::nodes::{NodeAddress, NodeClient};
 use crate::cluster::{ClusterSecret, CALLER_HEADER, OPERATOR_HEADER, SECRET_HEADER};
 use crate::http::error::ApiError;
+use crate::proxy::retarget;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode};
@@ -15,17 +16,6 @@ use std::time::Duration;
 /// start, up to `--max-launch-wait-secs`, and then start). Sandbox traffic has no such bound:
 /// a command's stream begins when the command does, but an upload may take long to send.
 const API_ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Connection headers of one hop, which are not forwarded (Host is kept: see the module doc).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-];
 
 /// Who the gateway found a request to be from.
 #[derive(Debug, Clone)]
@@ -56,17 +46,8 @@ impl Forwarder {
         kind: Kind,
     ) -> Response {
         let (mut parts, body) = req.into_parts();
-        let path = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        parts.uri = match format!("http://{}{path}", node.endpoint).parse() {
-            Ok(uri) => uri,
-            Err(_) => return ApiError::bad_request("malformed request path").into_response(),
-        };
-        for name in HOP_BY_HOP {
-            parts.headers.remove(*name);
+        if let Err(e) = retarget(&mut parts, &node.endpoint) {
+            return e.into_response();
         }
         let headers = &mut parts.headers;
         match HeaderValue::from_str(self.secret.as_str()) {

@@ -146,6 +146,7 @@ pub async fn route_sandbox_traffic(
     }
 }
 
+/// Connection headers of one hop, which a proxy does not pass on.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
@@ -154,8 +155,27 @@ const HOP_BY_HOP: &[&str] = &[
     "te",
     "trailer",
     "upgrade",
-    "host",
 ];
+
+/// Points a request on to `http://{authority}`, with its path and query, and without the
+/// headers of the hop it came by (the proxy into a sandbox, and a gateway to a node).
+pub(crate) fn retarget(
+    parts: &mut axum::http::request::Parts,
+    authority: &str,
+) -> Result<(), crate::http::error::ApiError> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    parts.uri = format!("http://{authority}{path}")
+        .parse()
+        .map_err(|_| crate::http::error::ApiError::bad_request("malformed request path"))?;
+    for name in HOP_BY_HOP {
+        parts.headers.remove(*name);
+    }
+    Ok(())
+}
 
 async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Request) -> Response {
     let id = sandbox.id().to_string();
@@ -170,21 +190,11 @@ async fn forward(state: &AppState, sandbox: Arc<Sandbox>, port: u16, req: Reques
         .into_response();
     }
     let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    parts.uri = match format!("http://{agent}:{port}{path}").parse() {
-        Ok(uri) => uri,
-        Err(_) => {
-            return crate::http::error::ApiError::bad_request("malformed request path")
-                .into_response()
-        }
-    };
-    for name in HOP_BY_HOP {
-        parts.headers.remove(*name);
+    if let Err(e) = retarget(&mut parts, &format!("{agent}:{port}")) {
+        return e.into_response();
     }
+    // The agent's own address is the Host it is asked at.
+    parts.headers.remove(header::HOST);
     // Thawed if frozen, and kept awake until the response's last byte.
     let awake = state.lifecycle.wake(&sandbox);
     let upstream = hyper::Request::from_parts(parts, body);

@@ -1,0 +1,192 @@
+"""Benchmark (not a test): Airlock as a cluster on this machine (scripts/cluster.sh: PostgreSQL,
+an S3 server, two nodes in network namespaces of their own, two gateways). Reports:
+  * create → first command through a gateway against straight on a node (with the cluster
+    secret in hand, as a gateway sends it), alternating in the same run: what the gateway adds.
+    Raw HTTP for both (the SDK cannot send the secret on a sandbox's traffic): `POST /sandboxes`
+    then envd's `process.Process/Start` of `echo ok`, each on a new connection, as the SDK's;
+  * N creates at once through the two gateways, each with its first command (the SDK): the
+    wall time and how evenly the nodes got them;
+  * time until the gateways stop placing on a lost node (`GET /nodes` says unhealthy);
+  * resume on another node: a sandbox with `--image-mb` of data in memory is paused on node A,
+    A is stopped as a power loss would, and `Sandbox.connect` through a gateway resumes it on
+    B; the resume's time, and the download's share of it (node B's log).
+
+Run it with bench/run.sh cluster (which builds everything first)."""
+
+import argparse
+import base64
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from e2b import Sandbox
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from harness import exports, fetch  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from startup import pct, row  # noqa: E402
+
+
+def cluster_script(*args, env=None):
+    out = subprocess.run(["bash", str(REPO / "scripts/cluster.sh"), *args], capture_output=True,
+                         text=True, timeout=900, env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        sys.exit(f"cluster.sh {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def new_key(env):
+    """A tenant key of the cluster, and its public id (what a gateway names to a node)."""
+    out = subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
+                          env["AIRLOCK_CLUSTER_DIR"] + "/bench-cli", "--database",
+                          env["AIRLOCK_CLUSTER_DATABASE_URL"], "key", "create", "--name",
+                          f"bench-{os.getpid()}"], capture_output=True, text=True, check=True)
+    return out.stdout.strip(), re.search(r"key id (\w+)", out.stderr).group(1)
+
+
+ECHO = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo ok"]}}).encode()
+
+
+def create_and_run(base, api_headers, traffic_headers):
+    """ms from the create's request to the first command's end; kills the sandbox after."""
+    started = time.perf_counter()
+    status, _, body = fetch(base + "/sandboxes", {**api_headers, "Content-Type": "application/json"},
+                            "POST", json.dumps({"templateID": "base", "timeout": 60}).encode())
+    if status != 201:
+        raise RuntimeError(f"create: {status} {body[:200]!r}")
+    sbx = json.loads(body)
+    headers = {**traffic_headers, "E2b-Sandbox-Id": sbx["sandboxID"],
+               "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+    if sbx.get("envdAccessToken"):
+        headers["X-Access-Token"] = sbx["envdAccessToken"]
+    frame = b"\x00" + len(ECHO).to_bytes(4, "big") + ECHO
+    status, _, out = fetch(base + "/process.Process/Start", headers, "POST", frame)
+    elapsed = (time.perf_counter() - started) * 1000
+    fetch(base + f"/sandboxes/{sbx['sandboxID']}", api_headers, "DELETE")
+    if status != 200 or base64.b64encode(b"ok\n") not in out:
+        raise RuntimeError(f"first command: {status} {out[:200]!r}")
+    return elapsed
+
+
+def gateway_against_node(env, key, key_id, rounds):
+    secret = (Path(env["AIRLOCK_CLUSTER_DIR"]) / "cluster-secret").read_text().strip()
+    gateway = env["AIRLOCK_GATEWAYS"].split()[0]
+    node = env["AIRLOCK_NODES"].split()[0]
+    ways = {
+        "through a gateway": (gateway, {"X-API-KEY": key}, {}),
+        "straight on a node": (node, {"X-Airlock-Cluster-Secret": secret,
+                                      "X-Airlock-Caller": key_id},
+                               {"X-Airlock-Cluster-Secret": secret}),
+    }
+    times = {way: [] for way in ways}
+    for i in range(rounds):
+        for way, (base, api, traffic) in ways.items():
+            try:
+                times[way].append(create_and_run(base, api, traffic))
+            except Exception as e:  # counted in the success rate
+                print(f"  failure ({way}): {e}", file=sys.stderr)
+            time.sleep(0.3)  # the pool refills between creates
+    print(f"{'create → first command (ms)':<46} {'p50':>7} {'p95':>7} {'p99':>7} {'min':>7} "
+          f"{'max':>7}  ok")
+    for way, ms in times.items():
+        print(row(way, ms, rounds))
+    if all(times.values()):
+        added = pct(times["through a gateway"], 50) - pct(times["straight on a node"], 50)
+        print(f"the gateway adds {added:.1f} ms at p50")
+
+
+def node_of(env, key, sandbox_id):
+    gateway = env["AIRLOCK_GATEWAYS"].split()[0]
+    _, _, body = fetch(gateway + f"/sandboxes/{sandbox_id}", {"X-API-KEY": key})
+    return json.loads(body)["clientID"]
+
+
+def burst(env, key, size):
+    gateways = env["AIRLOCK_GATEWAYS"].split()
+
+    def one(i):
+        url = gateways[i % len(gateways)]
+        sbx = Sandbox.create("base", api_key=key, api_url=url, sandbox_url=url)
+        sbx.commands.run("echo ok")
+        return sbx
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=size) as pool:
+        made = [f for f in pool.map(lambda i: _try(one, i), range(size)) if f]
+    wall = time.perf_counter() - started
+    nodes = [node_of(env, key, s.sandbox_id) for s in made]
+    spread = {n: nodes.count(n) for n in sorted(set(nodes))}
+    print(f"{size} creates at once through {len(gateways)} gateways: {len(made)}/{size} ok, "
+          f"wall {wall:.2f} s, placed {spread}")
+    for sbx in made:
+        sbx.kill()
+
+
+def _try(fn, arg):
+    try:
+        return fn(arg)
+    except Exception as e:  # counted in the success rate
+        print(f"  failure: {e}", file=sys.stderr)
+        return None
+
+
+def lost_node_and_resume_elsewhere(env, key, image_mb):
+    gateway = env["AIRLOCK_GATEWAYS"].split()[0]
+    sbx = Sandbox.create("base", api_key=key, api_url=gateway, sandbox_url=gateway, timeout=600)
+    sbx.commands.run(f"head -c {image_mb}M /dev/urandom > /tmp/blob && echo kept > /tmp/kept")
+    sbx.pause()
+    lost = node_of(env, key, sbx.sandbox_id)
+    operator = env["AIRLOCK_OPERATOR_KEY"]
+    stopped = time.perf_counter()
+    cluster_script("stop-node", lost, env={"AIRLOCK_CLUSTER_DIR": env["AIRLOCK_CLUSTER_DIR"]})
+    while True:
+        _, _, body = fetch(gateway + "/nodes", {"X-API-KEY": operator})
+        if any(n["nodeID"] == lost and n["status"] == "unhealthy" for n in json.loads(body)):
+            break
+        time.sleep(0.05)
+    print(f"a lost node: unhealthy, and no longer placed on, {time.perf_counter() - stopped:.2f} s "
+          "after it stopped")
+    started = time.perf_counter()
+    resumed = Sandbox.connect(sbx.sandbox_id, api_key=key, api_url=gateway, sandbox_url=gateway)
+    first = resumed.commands.run("cat /tmp/kept").stdout.strip()
+    took = time.perf_counter() - started
+    other = node_of(env, key, sbx.sandbox_id)
+    log = (Path(env["AIRLOCK_CLUSTER_DIR"]) / "logs" / f"{other}.log").read_text()
+    downloads = re.findall(rf"paused image downloaded.*?sandbox={sbx.sandbox_id}.*?elapsed=(\S+)"
+                           rf"|sandbox={sbx.sandbox_id}.*?paused image downloaded.*?elapsed=(\S+)",
+                           log)
+    download = next((a or b for a, b in downloads), "?")
+    print(f"resume on another node ({lost} → {other}, {image_mb} MiB in memory): "
+          f"connect + first command {took:.2f} s, of which the download {download} "
+          f"(first command said {first!r})")
+    resumed.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--burst", type=int, default=40)
+    ap.add_argument("--image-mb", type=int, default=100)
+    args = ap.parse_args()
+    env = exports(cluster_script("up", "--nodes", "2", "--gateways", "2"))
+    try:
+        key, key_id = new_key(env)
+        time.sleep(5)  # the nodes' pools fill
+        gateway_against_node(env, key, key_id, args.rounds)
+        print()
+        burst(env, key, args.burst)
+        print()
+        lost_node_and_resume_elsewhere(env, key, args.image_mb)
+    finally:
+        cluster_script("down", env={"AIRLOCK_CLUSTER_DIR": env["AIRLOCK_CLUSTER_DIR"]})
+
+
+if __name__ == "__main__":
+    main()
