@@ -138,17 +138,7 @@ async fn with_caller(
 
 /// The API key's holder; 401 as a node would give it.
 async fn checked_caller(gw: &GatewayState, headers: &HeaderMap) -> Result<CheckedCaller, ApiError> {
-    let key = headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if key.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing API key: send it in the X-API-KEY header",
-        ));
-    }
-    let live = crate::http::auth::live_key(&gw.store, key).await?;
+    let live = crate::http::auth::live_key_of(&gw.store, headers).await?;
     Ok(CheckedCaller {
         id: live.id,
         operator: live.operator,
@@ -234,11 +224,7 @@ fn no_node(e: NoNode) -> Response {
 }
 
 fn not_operator() -> Response {
-    ApiError::new(
-        StatusCode::FORBIDDEN,
-        "this route is the operator's: it needs a key made with `airlock key create --operator`",
-    )
-    .into_response()
+    crate::http::auth::not_operator().into_response()
 }
 
 #[cfg(test)]

@@ -68,12 +68,17 @@ impl FromRequestParts<AppState> for Operator {
         if let Some(operator) = parts.extensions.get::<Operator>() {
             return Ok(*operator);
         }
-        Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "this route is the operator's: it needs a key made with \
-             `airlock key create --operator`",
-        ))
+        Err(not_operator())
     }
+}
+
+/// 403 for a key that is not an operator's on an operator's route.
+pub(crate) fn not_operator() -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "this route is the operator's: it needs a key made with \
+         `airlock key create --operator`",
+    )
 }
 
 pub(crate) async fn require_api_key(
@@ -89,19 +94,7 @@ pub(crate) async fn require_api_key(
         req.extensions_mut().insert(Caller(forwarded.id));
         return next.run(req).await;
     }
-    let key = req
-        .headers()
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if key.is_empty() {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing API key: send it in the X-API-KEY header",
-        )
-        .into_response();
-    }
-    match live_key(&state.store, key).await {
+    match live_key_of(&state.store, req.headers()).await {
         Ok(live) => {
             if live.operator {
                 req.extensions_mut().insert(Operator);
@@ -118,8 +111,26 @@ pub(crate) async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller,
     Ok(Caller(live_key(&state.store, key).await?.id))
 }
 
+/// The live key a request's X-API-KEY header carries; 401 without one (see [`live_key`]).
+pub(crate) async fn live_key_of(
+    store: &Store,
+    headers: &axum::http::HeaderMap,
+) -> Result<LiveKey, ApiError> {
+    let key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if key.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key: send it in the X-API-KEY header",
+        ));
+    }
+    live_key(store, key).await
+}
+
 /// The live key `key` is; 401 if it is unknown or revoked, 503 if the store cannot be reached.
-pub(crate) async fn live_key(store: &Store, key: &str) -> Result<LiveKey, ApiError> {
+async fn live_key(store: &Store, key: &str) -> Result<LiveKey, ApiError> {
     store.keys().live(&hash_key(key)).await?.ok_or_else(|| {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
