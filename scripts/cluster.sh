@@ -115,16 +115,26 @@ wait_healthy() {
 # A node: root, in its netns. nsenter, not `ip netns exec`, which remounts /sys (hiding the
 # cgroup v1 hierarchies runsc needs): the node keeps the host's mounts and /run/netns, and
 # the driver looks its links up in its own netns itself.
+#
+# Templates: node-1 keeps them in the host's templates dir (the cache the test suites share).
+# Every other node has a dir of its own, seen at the same path in a mount namespace of its own
+# (template records name absolute paths; on Kubernetes every node's host path is the same), so
+# it starts with no template and fetches them from object storage, as a new machine would.
 start_node() {
-  local name=$1
-  # All nodes share the host's templates dir, so built-in templates are built once. (On
-  # Kubernetes each node would fetch templates itself: not built yet.)
-  setsid nsenter --net="/run/netns/alc-$name" -- "$AIRLOCK" \
-    --data-dir "$dir/$name" --database "$PGURL" \
-    serve --role node --cluster-secret-file "$dir/cluster-secret" \
-    --node-name "$name" --instance "$name" \
-    --listen 0.0.0.0:3000 --object-store "$S3URL" \
-    >>"$dir/logs/$name.log" 2>&1 </dev/null &
+  local name=$1 own
+  local node=(nsenter --net="/run/netns/alc-$name" -- "$AIRLOCK"
+    --data-dir "$dir/$name" --database "$PGURL"
+    serve --role node --cluster-secret-file "$dir/cluster-secret"
+    --node-name "$name" --instance "$name"
+    --listen 0.0.0.0:3000 --object-store "$S3URL")
+  if [ "$name" != node-1 ]; then
+    own=$dir/$name-templates
+    mkdir -p "$own"
+    # shellcheck disable=SC2016  # expanded by that shell
+    node=(unshare --mount --propagation slave -- sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+      sh "$own" "$AIRLOCK_TEMPLATES_DIR" "${node[@]}")
+  fi
+  setsid "${node[@]}" >>"$dir/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$dir/pids/$name"
 }
 
@@ -145,11 +155,18 @@ start_gateway() {
 # cgroups and netns), and whatever either was starting. SIGKILL, repeated until none is left,
 # so nothing gets to clean up after itself.
 kill_node() {
-  local name=$1 pids pass
-  if [ -f "$dir/pids/$name" ]; then kill -9 "$(cat "$dir/pids/$name")" 2>/dev/null || true; fi
+  local name=$1 pids pass pid
+  if [ -f "$dir/pids/$name" ]; then
+    pid=$(cat "$dir/pids/$name")
+    # Its mount namespace (node-2 on): what runs in it is the node's too.
+    if [ "$(readlink "/proc/$pid/ns/mnt" 2>/dev/null)" != "$(readlink /proc/self/ns/mnt)" ]; then
+      readlink "/proc/$pid/ns/mnt" >"$dir/mntns-$name" 2>/dev/null || true
+    fi
+    kill -9 "$pid" 2>/dev/null || true
+  fi
   for pass in $(seq 20); do
     pids=$(node_pids "$name")
-    [ -n "$pids" ] || { rm -f "$dir/pids/$name"; return; }
+    [ -n "$pids" ] || { rm -f "$dir/pids/$name" "$dir/mntns-$name"; return; }
     # A frozen (cgroup v1 freezer) process dies only once thawed.
     for state in /sys/fs/cgroup/freezer/airlock-"$name"/*/freezer.state; do
       if [ -f "$state" ]; then echo THAWED >"$state" 2>/dev/null || true; fi
@@ -168,6 +185,13 @@ node_pids() {
     for ns in "/run/netns/alc-$name" /run/netns/al."$name".*; do
       if [ -e "$ns" ]; then ip netns pids "$(basename "$ns")" 2>/dev/null || true; fi
     done
+    if [ -f "$dir/mntns-$name" ]; then
+      local mntns proc
+      mntns=$(cat "$dir/mntns-$name")
+      for proc in /proc/[0-9]*; do
+        [ "$(readlink "$proc/ns/mnt" 2>/dev/null)" != "$mntns" ] || echo "${proc#/proc/}"
+      done
+    fi
   } | sort -un | tr '\n' ' ' | sed 's/ *$//'
 }
 
@@ -244,8 +268,8 @@ up() {
   key=$(admin key create --name cluster-tenant)
   operator=$(admin key create --operator --name cluster-operator)
 
-  # The first node alone first: it mounts the shared templates, which the others then find
-  # mounted (several at once would each mount them).
+  # The first node alone first: it puts the built-in templates in object storage, where the
+  # others then find them.
   for i in $(seq "$nodes"); do
     name=node-$i
     node_urls+=("http://$(node_addr "$name"):3000")

@@ -1,5 +1,5 @@
 """Many machines, on one: the stock SDK against two gateways in front of two nodes that share a
-PostgreSQL and an S3 server. The tests run in file order on one cluster; the last ones stop a
+PostgreSQL and an S3 server, each with templates of its own (node-2 fetches them). The tests run in file order on one cluster; the last ones stop a
 gateway and then a node."""
 
 import concurrent.futures
@@ -147,6 +147,22 @@ def test_a_stopped_gateway_loses_nothing(cluster):
         assert sbx.commands.run("cat /home/user/kept.txt").stdout == "kept\n"
     finally:
         kill_all([sbx])
+
+
+def test_a_new_node_fetched_the_built_in_templates_instead_of_building_them(cluster):
+    # node-2 started with an empty templates dir of its own (cluster.sh): what it has, it
+    # fetched from object storage, where node-1 put it.
+    own = cluster.dir / "node-2-templates" / "layers"
+    assert own.is_dir() and len(list(own.iterdir())) >= 4, list(own.iterdir())
+    log = (cluster.dir / "logs" / "node-2.log").read_text()
+    assert "fetched a layer from object storage" in log
+    assert "fetched a layer from object storage" not in (
+        cluster.dir / "logs" / "node-1.log").read_text()
+    sbx = Sandbox.create(**cluster.sdk())
+    try:
+        assert sbx.commands.run("python --version").exit_code == 0
+    finally:
+        sbx.kill()
 
 
 def test_a_template_built_through_one_gateway_starts_on_every_node(cluster):

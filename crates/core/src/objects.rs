@@ -1,5 +1,6 @@
-//! Paused sandboxes' images in object storage (`airlock serve --object-store URL`), so that
-//! another node can resume them (issue 32): S3 or any S3-compatible server, or a local
+//! Images in object storage (`airlock serve --object-store URL`): paused sandboxes', so that
+//! another node can resume them, and templates' layers, so that every node can start a template
+//! built on one (`build/shared_layers.rs`). S3 or any S3-compatible server, or a local
 //! directory, through the `object_store` crate.
 //!
 //! An image is a directory of plain files (the driver's checkpoint: its memory pages and its
@@ -310,11 +311,25 @@ impl ImageObjects {
     }
 
     /// Whether a whole image is under `prefix`.
-    #[cfg(test)]
-    async fn has(&self, prefix: &str) -> Result<bool, ObjectsError> {
+    pub async fn has(&self, prefix: &str) -> Result<bool, ObjectsError> {
         match self.store.head(&manifest_path(prefix)).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes a small object (a record, not an image) at `key`, whole.
+    pub async fn put_small(&self, key: &str, bytes: Vec<u8>) -> Result<(), ObjectsError> {
+        self.store.put(&ObjectPath::from(key), bytes.into()).await?;
+        Ok(())
+    }
+
+    /// Reads the small object at `key`; `None` if there is none.
+    pub async fn get_small(&self, key: &str) -> Result<Option<Vec<u8>>, ObjectsError> {
+        match self.store.get(&ObjectPath::from(key)).await {
+            Ok(object) => Ok(Some(object.bytes().await?.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }

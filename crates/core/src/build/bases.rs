@@ -116,6 +116,7 @@ impl Builder {
         let scratch = self.layers.scratch().map_err(failed_at("base"))?;
         let scratch_name = scratch.file_name().unwrap_or_default().to_string_lossy();
         let key = hash(&[&scratch_name, DEBOOTSTRAP_FORMAT, suite, &mirror]);
+        self.fetch_shared(&key, "base", log).await;
         if self.layers.has(&key) {
             note("CACHED".into());
         } else {

@@ -163,6 +163,15 @@ impl Layers {
         Ok(layer)
     }
 
+    /// Keeps `dir`, a layer fetched from another node, as layer `key`, unless it is here
+    /// already (fetched meanwhile: that one stays).
+    pub fn keep_fetched(&self, dir: &Path, key: &str) -> std::io::Result<()> {
+        match rename_new(dir, &self.layer(key)) {
+            Err(_) if self.has(key) => Ok(()),
+            kept => kept,
+        }
+    }
+
     /// Unmounts the step and throws away what it wrote.
     pub async fn discard(&self, step: StepMount) -> Result<(), BuildError> {
         self.discard_dir(&step.dir).await

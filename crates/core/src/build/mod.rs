@@ -8,7 +8,8 @@
 //! Builds take turns ([`BuildOptions::at_once`]), so that they never take the cores the
 //! running sandboxes need, shared fairly between keys (see [`queue`]); each has a deadline and
 //! can be cancelled (see [`stop`]). What one key's builds may keep on disk is bounded (see
-//! [`Builder::storage_of`]).
+//! [`Builder::storage_of`]). With an object store, layers are shared between nodes (see
+//! [`shared_layers`]).
 
 mod bases;
 mod collect;
@@ -20,6 +21,7 @@ pub(crate) mod pull_guard;
 pub mod queue;
 mod quota;
 mod run;
+pub mod shared_layers;
 pub mod stop;
 pub mod uploads;
 
@@ -124,6 +126,8 @@ pub struct Builder {
     /// Publishes finished templates (and makes their golden images).
     lifecycle: Arc<Lifecycle>,
     layers: Layers,
+    /// The layers in object storage, shared with the lifecycle (see [`shared_layers`]).
+    shared: Arc<shared_layers::SharedLayers>,
     /// `COPY` steps' archives, and the links they are uploaded to.
     pub uploads: uploads::Uploads,
     registries: image::Registries,
@@ -207,6 +211,7 @@ impl Builder {
             agent,
             lifecycle,
             layers: Layers::new(templates_dir),
+            shared: Arc::new(shared_layers::SharedLayers::new(templates_dir)),
             uploads: uploads::Uploads::new(templates_dir, options.min_free_bytes),
             registries: image::Registries::new(templates_dir, reach),
             queue: queue::Queue::new(options.at_once, options.limits.per_key),
@@ -218,6 +223,16 @@ impl Builder {
             step_timeout: options.step_timeout,
             agent_is_static: options.agent_is_static,
         })
+    }
+
+    /// Shares templates' layers through `objects` from now on (set once, at boot).
+    pub fn use_object_store(&self, objects: crate::objects::ImageObjects) -> bool {
+        self.shared.use_object_store(objects)
+    }
+
+    /// What makes a template's rootfs present on this node, for the lifecycle.
+    pub fn shared_layers(&self) -> Arc<shared_layers::SharedLayers> {
+        self.shared.clone()
     }
 
     /// After a restart: builds that were under way failed, their half-made layers go, and
@@ -238,8 +253,11 @@ impl Builder {
                 .await?;
         }
         self.layers.sweep_work().await?;
+        // What this node lacks (a template built on another node) is fetched and mounted at
+        // its first use instead (see `shared_layers`).
+        let here = |chain: &[PathBuf]| chain.iter().all(|layer| layer.is_dir());
         for template in self.store.templates().all().await? {
-            if template.layers.len() >= 2 {
+            if template.layers.len() >= 2 && here(&template.layers) {
                 self.layers
                     .mount_rootfs(&template.layers, &template.rootfs)
                     .await?;
@@ -256,8 +274,9 @@ impl Builder {
             .map(|s| s.rootfs);
         let snapshots = self.store.snapshots().all().await?;
         for rootfs in rootfs.chain(snapshots.into_iter().map(|s| s.rootfs)) {
-            if let Some(chain) = self.layers.chain_of(&rootfs) {
-                self.layers.mount_rootfs(&chain, &rootfs).await?;
+            match self.layers.chain_of(&rootfs) {
+                Some(chain) if here(&chain) => self.layers.mount_rootfs(&chain, &rootfs).await?,
+                _ => {}
             }
         }
         Ok(())

@@ -239,6 +239,9 @@ impl Builder {
         }
         let mut key = hash(&parts);
         progress.rebuilding |= work.force;
+        if !progress.rebuilding {
+            self.fetch_shared(&key, work.label, log).await;
+        }
         if !progress.rebuilding && self.claim_cached(&job.build_id, &key) {
             log.write(LogLevel::Info, Some(work.label.into()), "CACHED");
         } else {
@@ -262,6 +265,31 @@ impl Builder {
         progress.chain.push(self.layers.layer(&key));
         progress.key = key;
         Ok(())
+    }
+
+    /// Takes layer `key` from object storage when this node lacks it (another node made it),
+    /// instead of running its step again. A failed fetch runs the step.
+    pub(super) async fn fetch_shared(&self, key: &str, label: &str, log: &BuildLog) {
+        if self.layers.has(key) {
+            return;
+        }
+        let started = Instant::now();
+        match self.shared.fetch_layer(key).await {
+            Ok(true) => log.write(
+                LogLevel::Info,
+                Some(label.into()),
+                &format!(
+                    "fetched from object storage in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                ),
+            ),
+            Ok(false) => {}
+            Err(e) => log.write(
+                LogLevel::Warn,
+                Some(label.into()),
+                &format!("fetching the layer from object storage failed ({e}); running the step"),
+            ),
+        }
     }
 
     /// Puts a layer the build made on its key's account (see [`super::quota`]), and fails the
@@ -451,6 +479,17 @@ impl Builder {
             &progress.key,
             &serde_json::to_string(&defaults).unwrap_or_default(),
         ]);
+        // Other nodes start it from object storage: there before it is recorded.
+        if let Err(e) = self.shared.publish(&layers, &rootfs).await {
+            if job.owner.is_some() {
+                return Err(super::BuildError::Publish(format!(
+                    "putting the template's layers in object storage failed, so other nodes \
+                     could not start it: {e}"
+                )));
+            }
+            // A built-in is built anywhere: a node that cannot fetch it builds it itself.
+            tracing::warn!(template = %job.published_as, error = %e, "the built-in template's layers are not in object storage");
+        }
         let record = TemplateRecord {
             name: job.published_as.clone(),
             content_hash,

@@ -298,6 +298,8 @@ impl Lifecycle {
         image: Option<&str>,
         turn: Turn,
     ) -> Result<Placement, LifecycleError> {
+        // Before the turn: a download of the template is no launch's CPU.
+        self.prepare_rootfs(&spec.rootfs).await?;
         let _place = self
             .launches
             .acquire(turn)

@@ -38,6 +38,7 @@ mod quotas;
 mod recovery;
 mod registry;
 mod remote_images;
+mod rootfs;
 mod sandbox;
 mod start_cmd;
 #[cfg(test)]
@@ -49,6 +50,7 @@ pub use load::{
 };
 pub use recovery::{adoptable_policies, RecoveryReport};
 pub use remote_images::ImageTransfers;
+pub use rootfs::RootfsSource;
 pub use sandbox::{Awake, Phase, Sandbox};
 
 use crate::driver::{Driver, DriverError, Resources};
@@ -315,6 +317,10 @@ pub enum LifecycleError {
     /// Its image is in object storage only, and could not be fetched from there now.
     #[error("sandbox '{0}' cannot be resumed now: its paused image could not be fetched from object storage; try again")]
     ImageUnavailable(String),
+    /// The template's files are not on this node, and could not be fetched (why is logged:
+    /// it names the host's paths and the object store).
+    #[error("this node does not have the sandbox's template files and could not fetch them from object storage now; try again")]
+    TemplateFilesUnavailable,
     #[error("state store failed")]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -373,6 +379,8 @@ pub struct Lifecycle {
     remote: remote_images::RemoteImages,
     /// Set by a drain: no sandbox starts or resumes here.
     draining: std::sync::atomic::AtomicBool,
+    /// Where templates' root filesystems come from (see `rootfs.rs`); none in unit tests.
+    rootfs_source: std::sync::OnceLock<Arc<dyn RootfsSource>>,
 }
 
 pub fn now_unix() -> i64 {
@@ -418,6 +426,7 @@ impl Lifecycle {
             metrics: metrics::Metrics::default(),
             journal: events::Journal::default(),
             remote: remote_images::RemoteImages::default(),
+            rootfs_source: std::sync::OnceLock::new(),
             draining: Default::default(),
         })
     }

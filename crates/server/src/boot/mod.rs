@@ -155,11 +155,16 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             feed,
         ));
     }
-    if let Some(url) = &opts.object_store {
-        let objects = airlock_core::objects::ImageObjects::open(url)
-            .context("opening the object store (--object-store)")?;
-        tracing::info!(store = %objects, "paused images are kept in object storage too");
-        lifecycle.use_object_store(objects);
+    let objects = match &opts.object_store {
+        Some(url) => Some(
+            airlock_core::objects::ImageObjects::open(url)
+                .context("opening the object store (--object-store)")?,
+        ),
+        None => None,
+    };
+    if let Some(objects) = &objects {
+        tracing::info!(store = %objects, "paused images and templates' layers are kept in object storage too");
+        lifecycle.use_object_store(objects.clone());
     }
     tokio::spawn(lifecycle.run_events());
     tokio::spawn(http::idempotency::purge_expired(
@@ -180,6 +185,10 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             limits: opts.build_limits,
         },
     );
+    lifecycle.use_rootfs_source(builder.shared_layers());
+    if let Some(objects) = objects {
+        builder.use_object_store(objects);
+    }
     // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.
     builder
         .recover()

@@ -110,9 +110,9 @@ impl From<LifecycleError> for ApiError {
             | LifecycleError::AlreadyRunning(_)
             | LifecycleError::Busy(_) => StatusCode::CONFLICT,
             // Says what is full and how much is needed; nothing in it is secret.
-            LifecycleError::GuestUnresponsive(_) | LifecycleError::Draining(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            LifecycleError::GuestUnresponsive(_)
+            | LifecycleError::Draining(_)
+            | LifecycleError::TemplateFilesUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             // Names only the sandbox, and what its owner can do.
             LifecycleError::ImageGone(_) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
