@@ -7,6 +7,12 @@ an S3 server, two nodes in network namespaces of their own, two gateways). Repor
   * N creates at once through the two gateways, each with its first command (the SDK): the
     wall time and how evenly the nodes got them;
   * time until the gateways stop placing on a lost node (`GET /nodes` says unhealthy);
+  * a template on a node that lacks it: a template with `--template-mb` of its own layer is
+    built through a gateway, then sandboxes are created until one lands on the node that did
+    not build it: that create (which fetches the layer from object storage) against the next
+    one there;
+  * a new node: node-2 is stopped, its templates dir emptied, and started again: the time until
+    it answers, which is fetching the built-in templates (1.1 GB) instead of building them;
   * resume on another node: a sandbox with `--image-mb` of data in memory is paused on node A,
     A is stopped as a power loss would, and `Sandbox.connect` through a gateway resumes it on
     B; the resume's time, and the download's share of it (node B's log).
@@ -24,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2b import Sandbox
+from e2b import Sandbox, Template
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -137,6 +143,48 @@ def _try(fn, arg):
         return None
 
 
+def template_on_a_node_that_lacks_it(env, key, mb):
+    gateway = env["AIRLOCK_GATEWAYS"].split()[0]
+    sdk = {"api_key": key, "api_url": gateway, "sandbox_url": gateway}
+    own = Path(env["AIRLOCK_CLUSTER_DIR"]) / "node-2-templates" / "layers"
+    before = set(os.listdir(own))
+    name = f"bench-fetch-{os.getpid()}"
+    started = time.perf_counter()
+    Template.build(Template().from_template("base").run_cmd(
+        f"head -c {mb}M /dev/urandom > /home/user/blob"), name, **sdk)
+    built = time.perf_counter() - started
+    builder = "node-2" if set(os.listdir(own)) - before else "node-1"
+    made, firsts = [], []
+    try:
+        for _ in range(6):
+            t0 = time.perf_counter()
+            sbx = Sandbox.create(name, **sdk)
+            sbx.commands.run("true")
+            took = (time.perf_counter() - t0) * 1000
+            made.append(sbx)
+            node = node_of(env, key, sbx.sandbox_id)
+            if node != builder:
+                firsts.append(took)
+                if len(firsts) == 2:
+                    break
+    finally:
+        for sbx in made:
+            sbx.kill()
+    print(f"a template with {mb} MiB of its own, built on {builder} in {built:.1f} s: on the other "
+          f"node, create + first command {firsts[0]:.0f} ms the first time (fetching it), "
+          f"{firsts[1]:.0f} ms the next")
+
+
+def new_node_start(env):
+    cluster_dir = {"AIRLOCK_CLUSTER_DIR": env["AIRLOCK_CLUSTER_DIR"]}
+    cluster_script("stop-node", "node-2", env=cluster_dir)
+    subprocess.run(["rm", "-rf", env["AIRLOCK_CLUSTER_DIR"] + "/node-2-templates"], check=True)
+    started = time.perf_counter()
+    cluster_script("start-node", "node-2", env=cluster_dir)
+    print(f"a new node (node-2, empty templates dir) answers {time.perf_counter() - started:.1f} s "
+          "after its start, with the built-in templates fetched from object storage")
+
+
 def lost_node_and_resume_elsewhere(env, key, image_mb):
     gateway = env["AIRLOCK_GATEWAYS"].split()[0]
     sbx = Sandbox.create("base", api_key=key, api_url=gateway, sandbox_url=gateway, timeout=600)
@@ -174,6 +222,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--burst", type=int, default=40)
     ap.add_argument("--image-mb", type=int, default=100)
+    ap.add_argument("--template-mb", type=int, default=200)
     args = ap.parse_args()
     env = exports(cluster_script("up", "--nodes", "2", "--gateways", "2"))
     try:
@@ -182,6 +231,10 @@ def main():
         gateway_against_node(env, key, key_id, args.rounds)
         print()
         burst(env, key, args.burst)
+        print()
+        template_on_a_node_that_lacks_it(env, key, args.template_mb)
+        print()
+        new_node_start(env)
         print()
         lost_node_and_resume_elsewhere(env, key, args.image_mb)
     finally:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from e2b import Sandbox, Template
-from e2b.exceptions import RateLimitException
+from e2b.exceptions import RateLimitException, SandboxException
 
 from harness import fetch
 
@@ -178,6 +178,59 @@ def test_a_template_built_through_one_gateway_starts_on_every_node(cluster):
         kill_all(made)
 
 
+def test_a_snapshot_taken_on_one_node_starts_on_every_node(cluster):
+    src = Sandbox.create("base", **cluster.sdk())
+    copies = []
+    try:
+        src.files.write("/home/user/prepared.txt", "prepared once")
+        src.commands.run("sleep 600", background=True)
+        snap = src.create_snapshot()
+        copies = [Sandbox.create(snap.snapshot_id, **cluster.sdk(gateway=i % 2)) for i in range(3)]
+        assert {node_of(cluster, c.sandbox_id) for c in copies} == {"node-1", "node-2"}
+        for c in copies:
+            assert c.files.read("/home/user/prepared.txt") == "prepared once"
+            assert any("sleep 600" in " ".join([p.cmd] + p.args) for p in c.commands.list())
+    finally:
+        kill_all(copies + [src])
+    assert Sandbox.delete_snapshot(snap.snapshot_id, **cluster.sdk(gateway=1)) is True
+    with pytest.raises(SandboxException):
+        Sandbox.create(snap.snapshot_id, **cluster.sdk())
+
+
+def test_mcp_through_a_gateway(cluster):
+    """The MCP server is a client of the API: on a gateway, of the gateway, so its sandbox is
+    on some node and its tools reach it there."""
+    import asyncio
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async def steps():
+        http = create_mcp_http_client(headers={"X-API-Key": cluster.key})
+        url = cluster.gateways[1] + "/mcp"
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+            created = await client.call_tool("create_sandbox", {})
+            sandbox_id = text(created).split()[2]  # "started sandbox ID from template ..."
+            placed = node_of(cluster, sandbox_id)
+            first = await client.call_tool("run_code", {"code": "x = 41"})
+            second = await client.call_tool("run_code", {"code": "x + 1"})
+            host = await client.call_tool("run_command", {"command": "hostname"})
+            return sandbox_id, placed, first, second, host
+
+    def text(result):
+        return "\n".join(c.text for c in result.content if c.type == "text")
+    sandbox_id, placed, first, second, host = asyncio.run(steps())
+    assert placed in {"node-1", "node-2"}
+    assert not first.is_error and not second.is_error, (first, second)
+    assert "42" in text(second)
+    assert sandbox_id in text(host), text(host)
+    # The session's sandbox ends with the session.
+    wait_for(lambda: cluster.api("GET", f"/sandboxes/{sandbox_id}")[0] == 404, 10,
+             "the session's sandbox killed")
+    status, body = cluster.api("POST", "/mcp", key="not-a-key", body={})
+    assert status == 401, body
+
+
 def node_status(cluster, name):
     _, nodes = cluster.api("GET", "/nodes", key=cluster.operator)
     return next(n["status"] for n in nodes if n["nodeID"] == name)
@@ -249,9 +302,17 @@ def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster
         made += fresh
         assert {node_of(cluster, s.sandbox_id) for s in fresh} == ({"node-1", "node-2"} - {lost_node})
 
+        assert running_there, "placement alternates: a running sandbox was on the lost node"
         for sbx in running_there:
             status, body = cluster.api("GET", f"/sandboxes/{sbx.sandbox_id}")
             assert status == 502 and "lost" in body["message"], body
+        # A lost sandbox can be killed: it is gone from the lists at once.
+        gone = running_there[0].sandbox_id
+        assert Sandbox.kill(gone, **cluster.sdk(gateway=1)) is True
+        status, body = cluster.api("GET", f"/sandboxes/{gone}")
+        assert status == 404, body
+        listed = [s.sandbox_id for s in Sandbox.list(**cluster.sdk()).next_items()]
+        assert gone not in listed and fresh[0].sandbox_id in listed, listed
 
         resumed = Sandbox.connect(paused.sandbox_id, **cluster.sdk(gateway=1))
         assert node_of(cluster, paused.sandbox_id) != lost_node

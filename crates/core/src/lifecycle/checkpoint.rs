@@ -312,6 +312,17 @@ impl Lifecycle {
         id: &str,
         name: Option<&str>,
     ) -> Result<SnapshotRecord, LifecycleError> {
+        self.snapshot_as(id, name, true).await
+    }
+
+    /// [`Lifecycle::snapshot`]; with `share`, its image goes to object storage too, for the
+    /// other nodes (not a fork's, which lives only as long as the fork).
+    async fn snapshot_as(
+        &self,
+        id: &str,
+        name: Option<&str>,
+        share: bool,
+    ) -> Result<SnapshotRecord, LifecycleError> {
         let snapshot_id = match name {
             Some(n) => {
                 TemplateName::parse(n).map_err(|_| LifecycleError::BadSnapshotName(n.to_owned()))?
@@ -352,32 +363,32 @@ impl Lifecycle {
         sandbox.cut_streams();
         let record = sandbox.record();
         let image = snapshot_image(&owner, &snapshot_id);
-        let result = async {
-            self.driver
-                .checkpoint(&record.id, placement.slot, &image)
-                .await
-                .map_err(checkpoint_error)?;
-            let snapshot = SnapshotRecord {
-                id: snapshot_id,
-                size_bytes: self.driver.image_size(&image),
-                image,
-                template: record.template.clone(),
-                rootfs: record.rootfs.clone(),
-                source_sandbox: record.id.clone(),
-                access_token: record.access_token.clone(),
-                created_at: now_unix(),
-                owner,
-                volume_mounts: record.volume_mounts.clone(),
-            };
-            self.store.snapshots().put(&snapshot).await?;
-            Ok(snapshot)
-        }
-        .await;
+        let checkpointed = self
+            .driver
+            .checkpoint(&record.id, placement.slot, &image)
+            .await
+            .map_err(checkpoint_error);
+        // The sandbox runs on while its image goes to object storage.
         sandbox.set_phase(Phase::Running, Some(placement));
-        if result.is_ok() {
-            self.emit(&record, EventType::Checkpointed, None);
+        checkpointed?;
+        if share {
+            self.upload_snapshot(&image).await;
         }
-        result
+        let snapshot = SnapshotRecord {
+            id: snapshot_id,
+            size_bytes: self.driver.image_size(&image),
+            image,
+            template: record.template.clone(),
+            rootfs: record.rootfs.clone(),
+            source_sandbox: record.id.clone(),
+            access_token: record.access_token.clone(),
+            created_at: now_unix(),
+            owner,
+            volume_mounts: record.volume_mounts.clone(),
+        };
+        self.store.snapshots().put(&snapshot).await?;
+        self.emit(&record, EventType::Checkpointed, None);
+        Ok(snapshot)
     }
 
     /// Refuses a snapshot once `owner`'s snapshots take its quota of disk.
@@ -408,6 +419,7 @@ impl Lifecycle {
             return Ok(false);
         };
         self.store.snapshots().delete(owner, &name).await?;
+        self.forget_snapshot(&snapshot.image).await;
         self.driver
             .delete_image(&snapshot.image)
             .await
@@ -424,7 +436,7 @@ impl Lifecycle {
         timeout: Option<Duration>,
     ) -> Result<Vec<Result<Arc<Sandbox>, LifecycleError>>, LifecycleError> {
         let source = self.running(id).await?.record();
-        let snapshot = self.snapshot(id, None).await?;
+        let snapshot = self.snapshot_as(id, None, false).await?;
         let mut forks = Vec::with_capacity(count);
         for _ in 0..count {
             forks.push(

@@ -317,6 +317,9 @@ pub enum LifecycleError {
     /// Its image is in object storage only, and could not be fetched from there now.
     #[error("sandbox '{0}' cannot be resumed now: its paused image could not be fetched from object storage; try again")]
     ImageUnavailable(String),
+    /// Taken on another node, and not in object storage now.
+    #[error("snapshot '{0}' was taken on another node and could not be fetched from object storage now; try again")]
+    SnapshotUnavailable(String),
     /// The template's files are not on this node, and could not be fetched (why is logged:
     /// it names the host's paths and the object store).
     #[error("this node does not have the sandbox's template files and could not fetch them from object storage now; try again")]

@@ -1,17 +1,21 @@
-//! Paused images in object storage (`serve --object-store`), so that a sandbox paused on one
-//! node can be resumed on another. A pause uploads the image before the sandbox is recorded
-//! paused, and records where (`store::PausedImages`); the local copy stays, so a resume on the
-//! same node needs no download. A resume whose local image is missing downloads it. The image
-//! is spent once resumed, and gone with its sandbox's kill, in object storage as on disk.
+//! Paused and snapshot images in object storage (`serve --object-store`), so that a sandbox
+//! paused on one node can be resumed on another, and a snapshot started on any node.
 //!
-//! Object storage is a copy, never a condition: a pause whose upload fails still succeeds (the
-//! image stays on this node's disk only, and the failure is logged and counted).
+//! A pause uploads the image before the sandbox is recorded paused, and records where
+//! (`store::PausedImages`); the local copy stays, so a resume on the same node needs no
+//! download. A resume whose local image is missing downloads it. The image is spent once
+//! resumed, and gone with its sandbox's kill, in object storage as on disk. A snapshot's image
+//! goes under `snapshots/{image}` before the snapshot is recorded; a create from it on a node
+//! without it downloads it and keeps it; a delete deletes it.
+//!
+//! Object storage is a copy, never a condition: a pause or snapshot whose upload fails still
+//! succeeds (the image stays on this node's disk only, and the failure is logged and counted).
 
 use super::sandbox::{Phase, Sandbox};
 use super::{Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
 use crate::objects::ImageObjects;
-use crate::store::{SandboxRecord, SandboxState};
+use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -33,6 +37,8 @@ pub(super) struct RemoteImages {
     upload_failures: AtomicU64,
     downloads: AtomicU64,
     download_failures: AtomicU64,
+    /// One snapshot download at a time: creates from one snapshot download it once.
+    snapshot_fetches: tokio::sync::Mutex<()>,
 }
 
 fn count(counter: &AtomicU64) {
@@ -174,7 +180,87 @@ impl Lifecycle {
     }
 }
 
+/// Where a snapshot's image is in object storage: its name is unique per owner already.
+fn snapshot_prefix(image: &str) -> String {
+    format!("snapshots/{image}")
+}
+
 impl Lifecycle {
+    /// Uploads snapshot `image`, so that any node can start sandboxes from it. As for pauses,
+    /// a failure is logged and counted, and the snapshot then starts on this node only.
+    pub(super) async fn upload_snapshot(&self, image: &str) {
+        let Some(objects) = self.remote.objects.get() else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let prefix = snapshot_prefix(image);
+        let uploaded = match self.driver.image_path(image) {
+            Ok(dir) => objects
+                .upload(&prefix, &dir)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match uploaded {
+            Ok(bytes) => {
+                count(&self.remote.uploads);
+                tracing::info!(image, bytes, elapsed = ?started.elapsed(), "snapshot image uploaded");
+            }
+            Err(e) => {
+                count(&self.remote.upload_failures);
+                tracing::warn!(image, store = %objects, error = e, "uploading the snapshot image failed; it starts on this node only");
+            }
+        }
+    }
+
+    /// Makes `snapshot`'s image present here: a snapshot taken on another node is downloaded
+    /// from object storage (and kept, for the next sandbox from it).
+    pub(super) async fn fetch_snapshot(
+        &self,
+        snapshot: &SnapshotRecord,
+    ) -> Result<(), LifecycleError> {
+        let image = &snapshot.image;
+        if self.driver.has_image(image) {
+            return Ok(());
+        }
+        let unavailable = || LifecycleError::SnapshotUnavailable(snapshot.id.to_string());
+        let Some(objects) = self.remote.objects.get() else {
+            return Err(unavailable());
+        };
+        let _turn = self.remote.snapshot_fetches.lock().await;
+        if self.driver.has_image(image) {
+            return Ok(());
+        }
+        let dir = self
+            .driver
+            .image_path(image)
+            .map_err(LifecycleError::Driver)?;
+        let started = std::time::Instant::now();
+        match objects.download(&snapshot_prefix(image), &dir).await {
+            Ok(bytes) => {
+                count(&self.remote.downloads);
+                tracing::info!(image, bytes, elapsed = ?started.elapsed(), "snapshot image downloaded");
+                Ok(())
+            }
+            Err(e) => {
+                count(&self.remote.download_failures);
+                tracing::warn!(image, store = %objects, error = %e, "downloading the snapshot image failed");
+                Err(unavailable())
+            }
+        }
+    }
+
+    /// Deletes snapshot `image` from object storage (its snapshot was deleted). Other nodes'
+    /// downloaded copies stay until their snapshot images are swept.
+    pub(super) async fn forget_snapshot(&self, image: &str) {
+        let Some(objects) = self.remote.objects.get() else {
+            return;
+        };
+        if let Err(e) = objects.delete(&snapshot_prefix(image)).await {
+            tracing::warn!(image, error = %e, "deleting the snapshot image from object storage failed");
+        }
+    }
+
     /// Sandbox `id` if this node has it; else a paused one that another node left in object
     /// storage, taken over so that it resumes here. A gateway sends a paused sandbox's verbs
     /// and traffic here when its own node does not answer.

@@ -153,6 +153,8 @@ const PAUSED_PLACE: &str = "((o.state = 'paused' OR o.transition = 'pausing')
 /// Rows every reader sees: a sandbox still starting answers to no id. A killed one whose host
 /// cleanup is at work is seen, since it still holds its root filesystem and volumes.
 const LISTED: &str = "COALESCE(transition, '') <> 'starting'";
+/// What a user still has: neither starting nor killed.
+const ALIVE: &str = "COALESCE(transition, '') NOT IN ('starting', 'stopping')";
 
 /// A record's JSON and path columns, encoded once so that its parameters can borrow them.
 struct Encoded {
@@ -394,6 +396,18 @@ impl SandboxRecords {
         Ok(())
     }
 
+    /// Marks running sandbox `id` of `node`, a node that is gone, killed (as
+    /// [`SandboxRecords::stopping`] does), unless another verb took it meanwhile: its key's
+    /// quota frees at once, and the node's recovery forgets the row and destroys what is left
+    /// if the node comes back.
+    pub async fn stop_lost(&self, id: &SandboxId, node: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE sandboxes SET transition = 'stopping'
+                   WHERE id = $1 AND node = $2 AND state = 'running'
+                     AND (transition IS NULL OR transition IN ('pausing', 'resuming'))";
+        let params = [id.as_str().into(), node.into()];
+        Ok(self.db.execute(sql, &params).await? == 1)
+    }
+
     /// After `node` (re)starts: forgets the creates it had not finished and the kills whose
     /// cleanup it had not (the orphan sweep destroys what is left of them), ends the pauses
     /// and resumes it was at (each is then as its state says), and takes the rows from before
@@ -489,10 +503,11 @@ impl SandboxRecords {
         self.db.query(&sql, &[], record).await
     }
 
-    /// The sandboxes of API key `owner` on every node, in the order they were created.
+    /// The sandboxes of API key `owner` on every node, in the order they were created, but
+    /// for those killed.
     pub async fn of_owner(&self, owner: &str) -> Result<Vec<SandboxRecord>, StoreError> {
         let sql =
-            format!("SELECT {COLUMNS} WHERE owner = $1 AND {LISTED} ORDER BY started_at_us, id");
+            format!("SELECT {COLUMNS} WHERE owner = $1 AND {ALIVE} ORDER BY started_at_us, id");
         self.db.query(&sql, &[owner.into()], record).await
     }
 
@@ -505,6 +520,12 @@ impl SandboxRecords {
 
     pub async fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} WHERE id = $1 AND {LISTED}");
+        self.db.query_opt(&sql, &[id.as_str().into()], record).await
+    }
+
+    /// Sandbox `id` unless it is starting or killed: what a gateway routes to.
+    pub async fn alive(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} WHERE id = $1 AND {ALIVE}");
         self.db.query_opt(&sql, &[id.as_str().into()], record).await
     }
 }

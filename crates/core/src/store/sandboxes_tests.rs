@@ -116,9 +116,13 @@ pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
         "d4 was forgotten"
     );
 
-    // A killed sandbox is seen until its cleanup is done, and counts in no quota.
+    // A killed sandbox is seen until its cleanup is done, and counts in no quota; users no
+    // longer see it.
+    assert!(sandboxes.alive(&b2).await.unwrap().is_some());
     sandboxes.stopping(&b2).await.unwrap();
     assert!(sandboxes.get(&b2).await.unwrap().is_some());
+    assert!(sandboxes.alive(&b2).await.unwrap().is_none());
+    assert!(!ids(sandboxes.of_owner("k1").await.unwrap()).contains(&"b2".to_owned()));
     assert!(
         sandboxes.admit(&starting("e5"), 4).await.unwrap(),
         "b2 no longer counts"
@@ -127,6 +131,12 @@ pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
     assert_eq!(sandboxes.get(&a1).await.unwrap(), None);
     sandboxes.recover_node("n1").await.unwrap();
     assert_eq!(ids(sandboxes.of_node("n1").await.unwrap()), ["g7"]);
+
+    // A running sandbox of a node that is gone is given up once, and only there.
+    assert!(!sandboxes.stop_lost(&elsewhere.id, "n1").await.unwrap());
+    assert!(sandboxes.stop_lost(&elsewhere.id, "n2").await.unwrap());
+    assert!(!sandboxes.stop_lost(&elsewhere.id, "n2").await.unwrap());
+    assert!(sandboxes.alive(&elsewhere.id).await.unwrap().is_none());
 
     // Concurrent admissions against a quota of 3 for a new key admit exactly 3.
     let racing = (0..16).map(|i| {

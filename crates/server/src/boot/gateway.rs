@@ -40,7 +40,10 @@ pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
         },
     });
     // No body limit here: each node bounds what it takes, and sandbox traffic streams.
+    // MCP is a client of the API: here, of this gateway, which forwards its calls.
+    let mcp = crate::mcp::routes(state.store.clone(), super::loopback_url(opts.listen));
     let app = Router::new()
+        .merge(mcp)
         .fallback(routes::handle)
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind(opts.listen)

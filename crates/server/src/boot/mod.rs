@@ -307,7 +307,10 @@ fn router(state: AppState, listen: SocketAddr, node_secret: Option<ClusterSecret
     let app = app
         .merge(http::routes(state.clone()))
         .merge(crate::dashboard::routes(state.clone()))
-        .merge(crate::mcp::routes(state.clone(), loopback_url(listen)))
+        .merge(crate::mcp::routes(
+            state.store.clone(),
+            loopback_url(listen),
+        ))
         .fallback(|| async { http::error::ApiError::not_found("no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(
             http::error::MAX_API_BODY,
@@ -396,7 +399,7 @@ pub(super) async fn wait_for_signal() {
 
 /// How the server reaches itself (the MCP tools call its API): `listen`, with loopback for an
 /// address that means all of them.
-fn loopback_url(listen: SocketAddr) -> String {
+pub(super) fn loopback_url(listen: SocketAddr) -> String {
     let ip = match listen.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),

@@ -31,7 +31,7 @@ enum Route {
     Sandbox(String),
     Nodes,
     Node(String),
-    /// The dashboard and MCP, which read one node's memory today.
+    /// The dashboard, which reads one node's memory today. (MCP is the gateway's own route.)
     NotOnGateways,
     /// Anything else behind the API key.
     AnyNode,
@@ -53,7 +53,7 @@ impl Route {
             (None, ["uploads", ..] | ["volumecontent", ..]) => Route::OwnAuthority,
             (None, ["nodes"]) => Route::Nodes,
             (None, ["nodes", node]) => Route::Node((*node).to_owned()),
-            (None, ["dashboard" | "mcp", ..]) => Route::NotOnGateways,
+            (None, ["dashboard", ..]) => Route::NotOnGateways,
             _ => Route::AnyNode,
         }
     }
@@ -83,8 +83,7 @@ pub async fn handle(State(gw): State<GatewayState>, mut req: Request) -> Respons
         Route::Health => (StatusCode::OK, "ok").into_response(),
         Route::NotOnGateways => ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
-            "the dashboard and MCP are not served by gateways yet: they are on a one-machine \
-             `airlock serve`",
+            "the dashboard is not served by gateways yet: it is on a one-machine `airlock serve`",
         )
         .into_response(),
         Route::OwnAuthority => match gw.nodes.place() {
@@ -108,6 +107,9 @@ async fn with_caller(
         Route::Create | Route::AnyNode => gw.nodes.place(),
         Route::Sandbox(id) => match owned_sandbox(gw, &caller, &id).await {
             Ok(record) => match node_of(gw, &record) {
+                Err(_) if record.state == SandboxState::Running && is_kill(&req) => {
+                    return kill_lost(gw, &record).await
+                }
                 Err(e) if record.state == SandboxState::Running => {
                     return ApiError::new(StatusCode::BAD_GATEWAY, lost(&record, &e))
                         .into_response()
@@ -156,7 +158,7 @@ async fn owned_sandbox(
     let Ok(parsed) = SandboxId::parse(id) else {
         return Err(not_found());
     };
-    match gw.store.sandboxes().get(&parsed).await? {
+    match gw.store.sandboxes().alive(&parsed).await? {
         Some(record) if record.owner.as_deref() == Some(caller.id.as_str()) => Ok(record),
         _ => Err(not_found()),
     }
@@ -175,7 +177,7 @@ fn node_of(gw: &GatewayState, record: &SandboxRecord) -> Result<NodeAddress, NoN
 /// sandbox's tokens as on one machine.
 async fn sandbox_traffic(gw: &GatewayState, id: &str, req: Request) -> Response {
     let record = match SandboxId::parse(id) {
-        Ok(parsed) => gw.store.sandboxes().get(&parsed).await,
+        Ok(parsed) => gw.store.sandboxes().alive(&parsed).await,
         Err(_) => return sandbox_not_found(id),
     };
     let record = match record {
@@ -201,6 +203,35 @@ fn lost(record: &SandboxRecord, why: &NoNode) -> String {
          running one cannot",
         record.id
     )
+}
+
+/// `DELETE /sandboxes/{id}`, E2B's kill.
+fn is_kill(req: &Request) -> bool {
+    let path = req.uri().path().trim_start_matches('/');
+    req.method() == Method::DELETE
+        && matches!(path.split('/').collect::<Vec<_>>()[..], ["sandboxes", _])
+}
+
+/// A kill of a running sandbox whose node is gone: there is nothing left to stop, so its row
+/// is marked killed here, and its key's quota frees at once (the node, if it comes back,
+/// forgets the row and destroys what is left at its start).
+async fn kill_lost(gw: &GatewayState, record: &SandboxRecord) -> Response {
+    match gw
+        .store
+        .sandboxes()
+        .stop_lost(&record.id, &record.node)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(sandbox = %record.id, node = %record.node, "killed a sandbox lost with its node");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        // Another verb took it meanwhile (a kill through another gateway).
+        Ok(false) => {
+            ApiError::from(LifecycleError::SandboxNotFound(record.id.to_string())).into_response()
+        }
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 /// `GET /nodes/{name}` of a node that does not answer: what the catalog puts there.
@@ -251,6 +282,5 @@ mod tests {
         assert_eq!(of("GET", "/templates"), Route::AnyNode);
         assert_eq!(of("GET", "/snapshots"), Route::AnyNode);
         assert_eq!(of("GET", "/dashboard/"), Route::NotOnGateways);
-        assert_eq!(of("POST", "/mcp"), Route::NotOnGateways);
     }
 }

@@ -107,8 +107,8 @@ pub(crate) async fn require_api_key(
 }
 
 /// The caller an API key stands for; 401 for an unknown or revoked one.
-pub(crate) async fn caller_of_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
-    Ok(Caller(live_key(&state.store, key).await?.id))
+pub(crate) async fn caller_of_key(store: &Store, key: &str) -> Result<Caller, ApiError> {
+    Ok(Caller(live_key(store, key).await?.id))
 }
 
 /// The live key a request's X-API-KEY header carries; 401 without one (see [`live_key`]).

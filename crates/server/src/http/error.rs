@@ -112,7 +112,8 @@ impl From<LifecycleError> for ApiError {
             // Says what is full and how much is needed; nothing in it is secret.
             LifecycleError::GuestUnresponsive(_)
             | LifecycleError::Draining(_)
-            | LifecycleError::TemplateFilesUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | LifecycleError::TemplateFilesUnavailable
+            | LifecycleError::SnapshotUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             // Names only the sandbox, and what its owner can do.
             LifecycleError::ImageGone(_) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());

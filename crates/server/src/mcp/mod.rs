@@ -15,7 +15,7 @@ mod tools;
 
 use crate::client::{Client, ClientError};
 use crate::http::error::ApiError;
-use crate::AppState;
+use airlock_core::store::Store;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -235,8 +235,11 @@ pub fn print_tools() -> ExitCode {
 struct CallerKey(String);
 
 /// `/mcp`: streamable HTTP, each session a client of this server at `self_url` with the key
-/// of its requests.
-pub fn routes(state: AppState, self_url: String) -> axum::Router<AppState> {
+/// of its requests (checked in `store`). A gateway serves it too, as a client of itself.
+pub fn routes<S: Clone + Send + Sync + 'static>(
+    store: Arc<Store>,
+    self_url: String,
+) -> axum::Router<S> {
     use rmcp::transport::streamable_http_server::{
         session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
     };
@@ -262,7 +265,7 @@ pub fn routes(state: AppState, self_url: String) -> axum::Router<AppState> {
         config,
     );
     let gate = Arc::new(Gate {
-        state,
+        store,
         owners: SessionOwners::new(sessions),
     });
     axum::Router::new()
@@ -272,7 +275,7 @@ pub fn routes(state: AppState, self_url: String) -> axum::Router<AppState> {
 
 /// What `/mcp`'s requests pass before rmcp sees them.
 struct Gate {
-    state: AppState,
+    store: Arc<Store>,
     owners: SessionOwners,
 }
 
@@ -297,7 +300,7 @@ async fn authenticate(State(gate): State<Arc<Gate>>, mut req: Request, next: Nex
         )
         .into_response();
     }
-    let caller = match crate::http::auth::caller_of_key(&gate.state, &key).await {
+    let caller = match crate::http::auth::caller_of_key(&gate.store, &key).await {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
     };
