@@ -207,9 +207,9 @@ def lost_node_and_resume_elsewhere(env, key, image_mb):
     took = time.perf_counter() - started
     other = node_of(env, key, sbx.sandbox_id)
     log = (Path(env["AIRLOCK_CLUSTER_DIR"]) / "logs" / f"{other}.log").read_text()
-    downloads = re.findall(rf"paused image downloaded.*?sandbox={sbx.sandbox_id}.*?elapsed=(\S+)"
-                           rf"|sandbox={sbx.sandbox_id}.*?paused image downloaded.*?elapsed=(\S+)",
-                           log)
+    image = f"paused-{sbx.sandbox_id}"
+    downloads = re.findall(rf"image downloaded.*?{image}.*?elapsed=(\S+)"
+                           rf"|{image}.*?image downloaded.*?elapsed=(\S+)", log)
     download = next((a or b for a, b in downloads), "?")
     print(f"resume on another node ({lost} → {other}, {image_mb} MiB in memory): "
           f"connect + first command {took:.2f} s, of which the download {download} "

@@ -74,14 +74,7 @@ impl Lifecycle {
         let generation = chrono::Utc::now().timestamp_micros().to_string();
         let prefix = crate::objects::paused_prefix(id, &generation);
         let started = std::time::Instant::now();
-        let uploaded = match self.driver.image_path(image) {
-            Ok(dir) => objects
-                .upload(&prefix, &dir)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let recorded = match uploaded {
+        let recorded = match self.upload_image(objects, image, &prefix).await {
             Ok(bytes) => self
                 .store
                 .paused_images()
@@ -100,6 +93,47 @@ impl Lifecycle {
                 count(&self.remote.upload_failures);
                 tracing::warn!(sandbox = %id, store = %objects, error = e, "uploading the paused image failed; it stays on this node only");
                 let _ = objects.delete(&prefix).await;
+            }
+        }
+    }
+
+    /// Uploads the driver's `image` under `prefix`; the bytes uploaded.
+    async fn upload_image(
+        &self,
+        objects: &ImageObjects,
+        image: &str,
+        prefix: &str,
+    ) -> Result<u64, String> {
+        let dir = self.driver.image_path(image).map_err(|e| e.to_string())?;
+        objects
+            .upload(prefix, &dir)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Downloads the image under `prefix` as the driver's `image`: whether it did (a failed
+    /// download is logged and counted).
+    async fn download_image(
+        &self,
+        objects: &ImageObjects,
+        prefix: &str,
+        image: &str,
+    ) -> Result<bool, LifecycleError> {
+        let dir = self
+            .driver
+            .image_path(image)
+            .map_err(LifecycleError::Driver)?;
+        let started = std::time::Instant::now();
+        match objects.download(prefix, &dir).await {
+            Ok(bytes) => {
+                count(&self.remote.downloads);
+                tracing::info!(image, object = prefix, bytes, elapsed = ?started.elapsed(), "image downloaded");
+                Ok(true)
+            }
+            Err(e) => {
+                count(&self.remote.download_failures);
+                tracing::warn!(image, store = %objects, error = %e, "downloading an image failed");
+                Ok(false)
             }
         }
     }
@@ -128,22 +162,9 @@ impl Lifecycle {
         let Some(prefix) = self.store.paused_images().get(id).await? else {
             return Ok(false);
         };
-        let dir = self
-            .driver
-            .image_path(image)
-            .map_err(LifecycleError::Driver)?;
-        let started = std::time::Instant::now();
-        match objects.download(&prefix, &dir).await {
-            Ok(bytes) => {
-                count(&self.remote.downloads);
-                tracing::info!(sandbox = %id, object = prefix, bytes, elapsed = ?started.elapsed(), "paused image downloaded");
-                Ok(true)
-            }
-            Err(e) => {
-                count(&self.remote.download_failures);
-                tracing::warn!(sandbox = %id, store = %objects, error = %e, "downloading the paused image failed");
-                Err(LifecycleError::ImageUnavailable(id.to_string()))
-            }
+        match self.download_image(objects, &prefix, image).await? {
+            true => Ok(true),
+            false => Err(LifecycleError::ImageUnavailable(id.to_string())),
         }
     }
 
@@ -193,15 +214,10 @@ impl Lifecycle {
             return;
         };
         let started = std::time::Instant::now();
-        let prefix = snapshot_prefix(image);
-        let uploaded = match self.driver.image_path(image) {
-            Ok(dir) => objects
-                .upload(&prefix, &dir)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match uploaded {
+        match self
+            .upload_image(objects, image, &snapshot_prefix(image))
+            .await
+        {
             Ok(bytes) => {
                 count(&self.remote.uploads);
                 tracing::info!(image, bytes, elapsed = ?started.elapsed(), "snapshot image uploaded");
@@ -231,22 +247,12 @@ impl Lifecycle {
         if self.driver.has_image(image) {
             return Ok(());
         }
-        let dir = self
-            .driver
-            .image_path(image)
-            .map_err(LifecycleError::Driver)?;
-        let started = std::time::Instant::now();
-        match objects.download(&snapshot_prefix(image), &dir).await {
-            Ok(bytes) => {
-                count(&self.remote.downloads);
-                tracing::info!(image, bytes, elapsed = ?started.elapsed(), "snapshot image downloaded");
-                Ok(())
-            }
-            Err(e) => {
-                count(&self.remote.download_failures);
-                tracing::warn!(image, store = %objects, error = %e, "downloading the snapshot image failed");
-                Err(unavailable())
-            }
+        match self
+            .download_image(objects, &snapshot_prefix(image), image)
+            .await?
+        {
+            true => Ok(()),
+            false => Err(unavailable()),
         }
     }
 
