@@ -90,7 +90,7 @@ impl SharedLayers {
             }
         }
         if self.key_of(rootfs).is_ok() {
-            // A template with no layers of its own is one layer, already there.
+            // A rootfs that is a single layer is not a mount: it needs no chain.
             return Ok(());
         }
         let record = serde_json::to_vec(&Chain { layers: keys }).expect("a chain serializes");

@@ -20,6 +20,8 @@ use tokio_util::io::ReaderStream;
 const DOWNLOAD_CHUNK: usize = 256 * 1024;
 /// Most of a file of no size (a pseudo-file) that a download reads.
 const PSEUDO_FILE_CAP: u64 = 16 << 20;
+/// Files up to this size are read whole before they are sent (see `download`).
+const WHOLE_FILE_MAX: u64 = 1 << 20;
 /// Bytes looked at to tell text from binary when the extension says nothing.
 const SNIFF_LEN: u64 = 512;
 
@@ -88,12 +90,22 @@ async fn serve_file(
     };
     // Pseudo-files (`/proc/sys/kernel/random/boot_id`, `/sys/...`) say they are empty and are
     // not: a file of no size is streamed to its end, up to a cap and with no length announced,
-    // as E2B's envd reads it. A file with a size is sent as long as it was when opened (`take`:
+    // as E2B's envd reads it. A small file is read whole first and sent as read: one that a
+    // process rewrites meanwhile (`echo n > f` empties it first) must not come out shorter
+    // than the length announced. A bigger one is sent as long as it was when opened (`take`:
     // one that grows meanwhile must not overrun the announced length).
-    let (data, length) = if len == 0 {
-        (file.take(PSEUDO_FILE_CAP), None)
+    let (data, length): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = if len == 0 {
+        (Box::new(file.take(PSEUDO_FILE_CAP)), None)
+    } else if len <= WHOLE_FILE_MAX {
+        let mut whole = Vec::with_capacity(len as usize);
+        file.take(len)
+            .read_to_end(&mut whole)
+            .await
+            .map_err(|e| FilesError::io(&e, &path))?;
+        let read = whole.len() as u64;
+        (Box::new(io::Cursor::new(whole)), Some(read))
     } else {
-        (file.take(len), Some(len))
+        (Box::new(file.take(len)), Some(len))
     };
     let name = path
         .file_name()
