@@ -1,8 +1,10 @@
 //! Webhook deliveries: a signed `POST` of one event's JSON to a key's webhook, as E2B makes
 //! them (`e2b-signature` is the unpadded URL-safe base64 of SHA-256 over the secret followed
-//! by the body). Each runs on its own task, with a timeout per attempt and a few tries with
-//! back-off, and at most [`AT_ONCE`] run at once: whoever hands one over waits only for a
-//! free slot, never for the endpoint.
+//! by the body). Each webhook has a lane of its own: one task that sends its deliveries one
+//! after another, in the order they were handed over, each with a timeout per attempt and a
+//! few tries with back-off. So a receiver hears a sandbox's events in order, and a slow
+//! webhook delays only its own. At most [`AT_ONCE`] deliveries are at work at once, and
+//! whoever hands one over never waits for an endpoint.
 //!
 //! The request leaves from the server, so it must not reach what only the server reaches: a
 //! name is resolved here and refused if any of its addresses is one no sandbox may reach
@@ -13,13 +15,18 @@ use crate::build::pull_guard::Reach;
 use crate::egress::Ipv4Net;
 use base64::Engine;
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 
 /// Deliveries at work at once (retries' waits included); more wait for a slot.
 pub const AT_ONCE: usize = 32;
+/// Deliveries one webhook may have waiting; more are dropped (and logged) rather than kept.
+const LANE_DEPTH: usize = 1024;
+/// How long a webhook's lane outlives its last delivery before its task ends.
+const LANE_IDLE: Duration = Duration::from_secs(60);
 /// The longest one attempt may take, connection included.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The waits before each retry: three retries after the first attempt.
@@ -93,11 +100,19 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
-/// Sends deliveries, a bounded number at a time.
+/// Sends deliveries, in order per webhook and a bounded number at a time.
 pub struct Deliverer {
+    sender: Arc<Sender>,
+    /// Each webhook's lane, by webhook id. A lane is put in and taken out under this lock,
+    /// and only sent to under it, so nothing is sent to a lane whose task has ended.
+    lanes: Arc<Mutex<HashMap<String, mpsc::Sender<Delivery>>>>,
+}
+
+/// What every lane shares: the client, where it may send, and the slots.
+struct Sender {
     http: reqwest::Client,
     targets: Arc<Targets>,
-    slots: Arc<Semaphore>,
+    slots: Semaphore,
 }
 
 impl Deliverer {
@@ -122,9 +137,12 @@ impl Deliverer {
             .build()
             .map_err(WebhookError::Client)?;
         Ok(Deliverer {
-            http,
-            targets,
-            slots: Arc::new(Semaphore::new(AT_ONCE)),
+            sender: Arc::new(Sender {
+                http,
+                targets,
+                slots: Semaphore::new(AT_ONCE),
+            }),
+            lanes: Arc::default(),
         })
     }
 
@@ -158,22 +176,52 @@ impl Deliverer {
             None => local.then_some(IpAddr::from([127, 0, 0, 1])),
         };
         match ip {
-            Some(ip) => self.targets.check_ip(host, ip).or_else(bad),
+            Some(ip) => self.sender.targets.check_ip(host, ip).or_else(bad),
             None => Ok(()),
         }
     }
 
-    /// Hands `delivery` over: waits for a free slot (not for the endpoint), then sends it on
-    /// its own task.
-    pub async fn send(&self, delivery: Delivery) {
-        let Ok(slot) = self.slots.clone().acquire_owned().await else {
-            return; // closed: never, the semaphore lives as long as self
-        };
-        let (http, targets) = (self.http.clone(), self.targets.clone());
+    /// Hands `delivery` over to its webhook's lane, which sends it after the ones handed over
+    /// before it. Never waits: a lane that is full drops it.
+    pub fn send(&self, delivery: Delivery) {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        let lane = lanes
+            .entry(delivery.webhook_id.clone())
+            .or_insert_with_key(|id| self.open_lane(id.clone()));
+        if let Err(e) = lane.try_send(delivery) {
+            tracing::warn!(webhook = %e.into_inner().webhook_id,
+                "a webhook has {LANE_DEPTH} deliveries waiting: an event is not delivered");
+        }
+    }
+
+    /// Starts the task that sends one webhook's deliveries, one after another. It ends when
+    /// none came for [`LANE_IDLE`], taking its lane out first.
+    fn open_lane(&self, webhook_id: String) -> mpsc::Sender<Delivery> {
+        let (lane, mut waiting) = mpsc::channel::<Delivery>(LANE_DEPTH);
+        let (sender, lanes) = (self.sender.clone(), self.lanes.clone());
         tokio::spawn(async move {
-            attempt_all(&http, &targets, &delivery).await;
-            drop(slot);
+            loop {
+                let delivery = match tokio::time::timeout(LANE_IDLE, waiting.recv()).await {
+                    Ok(Some(delivery)) => delivery,
+                    Ok(None) => return, // the deliverer is gone
+                    Err(_idle) => {
+                        let mut open = lanes.lock().unwrap_or_else(|e| e.into_inner());
+                        match waiting.try_recv() {
+                            Ok(delivery) => delivery, // came just now: the lane stays
+                            Err(_) => {
+                                open.remove(&webhook_id);
+                                return;
+                            }
+                        }
+                    }
+                };
+                let Ok(_slot) = sender.slots.acquire().await else {
+                    return; // closed: never, the semaphore lives as long as the sender
+                };
+                attempt_all(&sender.http, &sender.targets, &delivery).await;
+            }
         });
+        lane
     }
 }
 
@@ -289,8 +337,8 @@ mod tests {
     async fn a_name_at_a_private_address_is_refused_when_sent() {
         let d = deliverer(false);
         let refused = attempt_one(
-            &d.http,
-            &d.targets,
+            &d.sender.http,
+            &d.sender.targets,
             &Delivery {
                 webhook_id: "w".into(),
                 url: "http://localhost:9/x".into(),
@@ -302,5 +350,94 @@ mod tests {
         .await
         .unwrap_err();
         assert!(refused.contains("--webhooks-allow-private"), "{refused}");
+    }
+
+    /// A receiver on loopback that records each request's body in arrival order and answers
+    /// 200, after `delay` for requests to `/slow`.
+    async fn receiver(delay: Duration) -> (String, Arc<Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let log = heard.clone();
+        tokio::spawn(async move {
+            loop {
+                let (conn, _) = listener.accept().await.unwrap();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut conn = BufReader::new(conn);
+                    loop {
+                        let (mut path, mut length, mut line) = (String::new(), 0, String::new());
+                        while conn.read_line(&mut line).await.unwrap_or(0) > 0 {
+                            let l = line.trim_end().to_ascii_lowercase();
+                            if l.is_empty() {
+                                break;
+                            }
+                            if let Some(p) = l.strip_prefix("post ") {
+                                path = p.split(' ').next().unwrap_or("").to_owned();
+                            }
+                            if let Some(n) = l.strip_prefix("content-length: ") {
+                                length = n.parse().unwrap();
+                            }
+                            line.clear();
+                        }
+                        if path.is_empty() {
+                            return; // the client closed the connection
+                        }
+                        let mut body = vec![0; length];
+                        conn.read_exact(&mut body).await.unwrap();
+                        if path == "/slow" {
+                            tokio::time::sleep(delay).await;
+                        }
+                        log.lock().unwrap().push(String::from_utf8(body).unwrap());
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        conn.get_mut().write_all(ok).await.unwrap();
+                    }
+                });
+            }
+        });
+        (url, heard)
+    }
+
+    fn delivery(webhook_id: &str, url: &str, body: String) -> Delivery {
+        Delivery {
+            webhook_id: webhook_id.into(),
+            url: url.into(),
+            secret: "s".into(),
+            body,
+        }
+    }
+
+    async fn until(heard: &Mutex<Vec<String>>, count: usize) -> Vec<String> {
+        for _ in 0..200 {
+            if heard.lock().unwrap().len() >= count {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        heard.lock().unwrap().clone()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_webhook_hears_its_events_in_order_and_a_slow_one_delays_only_itself() {
+        let d = deliverer(true);
+        let (url, heard) = receiver(Duration::from_millis(40)).await;
+        // Events handed over back to back, as a create, pause, resume and kill are: the first
+        // ones' answers are slow, so deliveries sent side by side would overtake them.
+        let sent: Vec<String> = (0..12).map(|i| format!("{{\"n\":{i}}}")).collect();
+        for body in &sent {
+            d.send(delivery("in-order", &format!("{url}/slow"), body.clone()));
+        }
+        // Another webhook, handed over last, is heard before the slow one is through.
+        d.send(delivery("other", &format!("{url}/fast"), "\"fast\"".into()));
+        let got = until(&heard, sent.len() + 1).await;
+        assert_eq!(got.len(), sent.len() + 1, "{got:?}");
+        let fast = got.iter().position(|b| b == "\"fast\"").unwrap();
+        assert!(
+            fast < sent.len(),
+            "the fast webhook waited for the slow one: {got:?}"
+        );
+        let in_order: Vec<String> = got.into_iter().filter(|b| b != "\"fast\"").collect();
+        assert_eq!(in_order, sent);
     }
 }

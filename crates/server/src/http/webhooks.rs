@@ -177,9 +177,8 @@ fn body_of(hook: Webhook) -> WebhookBody {
     }
 }
 
-/// Hands each recorded event to its key's webhooks that want it, for the process's life. It
-/// waits only for a delivery slot ([`Deliverer::send`]); meanwhile the feed fills, and the
-/// events journal drops what does not fit rather than wait.
+/// Hands each recorded event to its key's webhooks that want it, in the order recorded, for
+/// the process's life. It never waits for an endpoint ([`Deliverer::send`]).
 pub async fn deliver(
     store: Arc<Store>,
     deliverer: Arc<Deliverer>,
@@ -213,7 +212,7 @@ pub async fn deliver(
                 secret: hook.secret,
                 body: body.clone(),
             };
-            deliverer.send(delivery).await;
+            deliverer.send(delivery);
         }
     }
 }
