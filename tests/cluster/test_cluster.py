@@ -231,6 +231,67 @@ def test_mcp_through_a_gateway(cluster):
     assert status == 401, body
 
 
+def test_a_volume_s_files_and_sandboxes_stay_on_the_node_that_keeps_it(cluster):
+    """A volume's files are on one node's disk: its content API and every sandbox that mounts
+    it go there through either gateway, while plain creates still spread."""
+    from e2b import Volume
+
+    def volume(gateway):
+        return Volume.create(f"vol-{uuid.uuid4().hex[:8]}", api_key=cluster.key,
+                             api_url=cluster.gateways[gateway])
+
+    kept, sandboxes, volumes = None, [], []
+    try:
+        kept = volume(0)
+        volumes.append(kept)
+        kept.write_file("hello.txt", "from the content API", api_url=cluster.gateways[0])
+        sandboxes = [Sandbox.create("base", volume_mounts={"/mnt/v": kept},
+                                    **cluster.sdk(gateway=i % 2)) for i in range(6)]
+        homes = {node_of(cluster, s.sandbox_id) for s in sandboxes}
+        assert len(homes) == 1, homes
+        home = homes.pop()
+        for i, sbx in enumerate(sandboxes):
+            assert sbx.commands.run("cat /mnt/v/hello.txt").stdout == "from the content API"
+            sbx.commands.run(f"echo {i} > /mnt/v/from-{i}.txt")
+        via_second = Volume.connect(kept.volume_id, api_key=cluster.key,
+                                    api_url=cluster.gateways[1])
+        second_url = {"api_url": cluster.gateways[1]}
+        listed = {e.name for e in via_second.list("/", **second_url)}
+        assert {f"from-{i}.txt" for i in range(6)} <= listed, listed
+        assert via_second.read_file("from-5.txt", **second_url) == "5\n"
+
+        # The positive control: once the reports show that load, a plain create goes to the
+        # other node, and so does a new volume (the least loaded node makes it).
+        time.sleep(2.5)
+        plain = Sandbox.create("base", **cluster.sdk())
+        sandboxes.append(plain)
+        other = node_of(cluster, plain.sandbox_id)
+        assert other != home, (home, other)
+        second = volume(1)
+        volumes.append(second)
+        on_second = Sandbox.create("base", volume_mounts={"/mnt/w": second}, **cluster.sdk())
+        sandboxes.append(on_second)
+        assert node_of(cluster, on_second.sandbox_id) == other
+
+        # Volumes of two nodes cannot be mounted together: a clear 400, nothing made.
+        status, body = cluster.api("POST", "/sandboxes", body={
+            "templateID": "base",
+            "volumeMounts": [{"name": kept.name, "path": "/a"},
+                             {"name": second.name, "path": "/b"}]})
+        assert status == 400 and "one node only" in body["message"], body
+
+        # A paused sandbox with a volume resumes on the volume's node.
+        sandboxes[0].pause()
+        resumed = Sandbox.connect(sandboxes[0].sandbox_id, **cluster.sdk(gateway=1))
+        assert node_of(cluster, resumed.sandbox_id) == home
+        assert resumed.commands.run("cat /mnt/v/from-1.txt").stdout == "1\n"
+    finally:
+        kill_all(sandboxes)
+        for v in volumes:
+            assert Volume.destroy(v.volume_id, api_key=cluster.key,
+                                  api_url=cluster.gateways[1]) is True
+
+
 def node_status(cluster, name):
     _, nodes = cluster.api("GET", "/nodes", key=cluster.operator)
     return next(n["status"] for n in nodes if n["nodeID"] == name)

@@ -16,6 +16,7 @@ use super::{Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
 use crate::objects::ImageObjects;
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
+use crate::volumes::VolumeError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -282,7 +283,17 @@ impl Lifecycle {
             return Err(not_found());
         };
         let elsewhere = record.state == SandboxState::Paused && record.node != self.node;
-        if !elsewhere || !self.paused_in_object_store(&parsed).await? {
+        if !elsewhere {
+            return Err(not_found());
+        }
+        // Its volumes' files are on its node's disk: it can resume only there.
+        if let Some(mount) = record.volume_mounts.first() {
+            return Err(LifecycleError::Volume(VolumeError::Elsewhere {
+                name: mount.name.clone(),
+                node: record.node.clone(),
+            }));
+        }
+        if !self.paused_in_object_store(&parsed).await? {
             return Err(not_found());
         }
         let moved = self

@@ -16,6 +16,9 @@ pub struct VolumeRecord {
     pub token: String,
     pub size_limit_mb: u64,
     pub created_at: i64,
+    /// The node whose disk holds its files: the only one that serves them and runs the
+    /// sandboxes that mount it.
+    pub node: String,
 }
 
 /// A volume bound in a sandbox. By id: a deleted volume's name may be given to another.
@@ -48,7 +51,7 @@ pub struct VolumeUsage {
     pub name_taken: bool,
 }
 
-const COLUMNS: &str = "id, owner, name, token, size_limit_mb, created_at";
+const COLUMNS: &str = "id, owner, name, token, size_limit_mb, created_at, node";
 
 fn record(row: &Row) -> Result<VolumeRecord, StoreError> {
     Ok(VolumeRecord {
@@ -58,6 +61,7 @@ fn record(row: &Row) -> Result<VolumeRecord, StoreError> {
         token: row.get(3)?,
         size_limit_mb: row.get::<i64>(4)?.max(0) as u64,
         created_at: row.get(5)?,
+        node: row.get(6)?,
     })
 }
 
@@ -79,9 +83,9 @@ impl VolumeRecords {
         let admitted = self
             .db
             .admit(
-                "INSERT INTO volumes (id, owner, name, token, size_limit_mb, created_at)
+                "INSERT INTO volumes (id, owner, name, token, size_limit_mb, created_at, node)
                  SELECT CAST($1 AS TEXT), CAST($2 AS TEXT), CAST($3 AS TEXT), CAST($4 AS TEXT),
-                        CAST($5 AS BIGINT), CAST($6 AS BIGINT)
+                        CAST($5 AS BIGINT), CAST($6 AS BIGINT), CAST($9 AS TEXT)
                  WHERE (SELECT COUNT(*) FROM volumes WHERE owner = CAST($2 AS TEXT))
                          < CAST($7 AS BIGINT)
                    AND (SELECT COALESCE(SUM(size_limit_mb), 0) FROM volumes
@@ -97,6 +101,7 @@ impl VolumeRecords {
                     v.created_at.into(),
                     clamp(quota.count).into(),
                     clamp(quota.total_mb).into(),
+                    v.node.as_str().into(),
                 ],
             )
             .await?;
@@ -158,12 +163,24 @@ impl VolumeRecords {
             .await
     }
 
-    /// Every volume, for the server's start (their host directories must be there).
-    pub async fn all(&self) -> Result<Vec<VolumeRecord>, StoreError> {
+    /// The volumes whose files are on `node`, for its start (their filesystems must be
+    /// mounted). The rows from before volumes had nodes become `node`'s first.
+    pub async fn claim_of_node(&self, node: &str) -> Result<Vec<VolumeRecord>, StoreError> {
+        self.db
+            .execute(
+                "UPDATE volumes SET node = $1 WHERE node = ''",
+                &[Value::Text(node)],
+            )
+            .await?;
+        self.of_node(node).await
+    }
+
+    /// The volumes whose files are on `node`.
+    pub async fn of_node(&self, node: &str) -> Result<Vec<VolumeRecord>, StoreError> {
         self.db
             .query(
-                &format!("SELECT {COLUMNS} FROM volumes ORDER BY id"),
-                &[],
+                &format!("SELECT {COLUMNS} FROM volumes WHERE node = $1 ORDER BY id"),
+                &[node.into()],
                 record,
             )
             .await
@@ -198,6 +215,7 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
         token: format!("tok-{id}"),
         size_limit_mb: 64,
         created_at: 1,
+        node: if owner == "bob" { "" } else { "n1" }.into(),
     };
     let roomy = VolumeQuota {
         count: 10,
@@ -233,7 +251,11 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
     assert_eq!(volumes.by_id("v3").await.unwrap().unwrap().owner, "bob");
     let ids = |all: Vec<VolumeRecord>| all.into_iter().map(|v| v.id).collect::<Vec<_>>();
     assert_eq!(ids(volumes.of("alice").await.unwrap()), ["v1"]);
-    assert_eq!(ids(volumes.all().await.unwrap()), ["v1", "v3"]);
+    // Bob's volume is from before nodes: the first node to look claims it, and no other.
+    assert_eq!(ids(volumes.of_node("n1").await.unwrap()), ["v1"]);
+    assert_eq!(ids(volumes.claim_of_node("n2").await.unwrap()), ["v3"]);
+    assert_eq!(ids(volumes.claim_of_node("n1").await.unwrap()), ["v1"]);
+    assert_eq!(volumes.by_id("v3").await.unwrap().unwrap().node, "n2");
 
     // The quota counts volumes and their MiB.
     let two = VolumeQuota {

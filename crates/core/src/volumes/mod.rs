@@ -5,7 +5,9 @@
 //! one on a filesystem of the volume's size, so the limit holds for every writer.
 //!
 //! This owns both the `volumes` rows and the directories under `<data>/volumes/<id>`. Each key
-//! is held to a number of volumes and to their total size ([`VolumeLimits`]).
+//! is held to a number of volumes and to their total size ([`VolumeLimits`]). In a cluster a
+//! volume's files are on the node that made it: only that node serves them and runs the
+//! sandboxes that mount it (the gateways send both there).
 
 mod path;
 mod tree;
@@ -65,6 +67,11 @@ pub enum VolumeError {
     NoDisk { free_mb: u64, size_mb: u64 },
     #[error("volume '{name}' is mounted by sandbox {sandbox}; kill it (or let it end) first")]
     InUse { name: String, sandbox: String },
+    #[error(
+        "volume '{name}' is kept on node '{node}': its files are served there, and a sandbox \
+         that mounts it runs there"
+    )]
+    Elsewhere { name: String, node: String },
     #[error(transparent)]
     Driver(#[from] DriverError),
     #[error(transparent)]
@@ -105,6 +112,8 @@ pub struct VolumeLimits {
 }
 
 pub struct Volumes {
+    /// This node's name: the volumes it makes are kept here.
+    node: String,
     records: VolumeRecords,
     driver: Arc<dyn Driver>,
     root: PathBuf,
@@ -112,9 +121,10 @@ pub struct Volumes {
 }
 
 impl Volumes {
-    /// Volumes kept under `root` (created, mode 0700: only the server walks it), held to
-    /// `limits`.
+    /// Node `node`'s volumes, kept under `root` (created, mode 0700: only the server walks
+    /// it), held to `limits`.
     pub fn new(
+        node: &str,
         store: Arc<Store>,
         driver: Arc<dyn Driver>,
         root: &Path,
@@ -127,6 +137,7 @@ impl Volumes {
             .create(root)
             .map_err(VolumeError::io(format!("creating {}", root.display())))?;
         Ok(Volumes {
+            node: node.to_owned(),
             records: store.volumes().clone(),
             driver,
             root: root.to_owned(),
@@ -134,9 +145,10 @@ impl Volumes {
         })
     }
 
-    /// Makes every volume usable after a start (the host's mounts do not outlive a reboot).
+    /// Makes this node's volumes usable after a start (the host's mounts do not outlive a
+    /// reboot).
     pub async fn open_all(&self) -> Result<(), VolumeError> {
-        for volume in self.records.all().await? {
+        for volume in self.records.claim_of_node(&self.node).await? {
             self.driver.open_volume(&self.dir(&volume.id)).await?;
         }
         Ok(())
@@ -145,7 +157,7 @@ impl Volumes {
     /// Undoes [`Volumes::open_all`] once no sandbox runs (a clean shutdown). Failures are
     /// logged: the next start takes over what is left.
     pub async fn close_all(&self) {
-        let volumes = match self.records.all().await {
+        let volumes = match self.records.of_node(&self.node).await {
             Ok(volumes) => volumes,
             Err(e) => return tracing::warn!(error = %e, "listing volumes to unmount failed"),
         };
@@ -220,6 +232,7 @@ impl Volumes {
             token: random_token(TOKEN_LEN),
             size_limit_mb: size_mb,
             created_at: now,
+            node: self.node.clone(),
         };
         let dir = self.dir(&record.id);
         std::fs::create_dir(&dir)
@@ -272,9 +285,24 @@ impl Volumes {
         Ok(self.records.of(owner).await?)
     }
 
+    /// Refuses `volume` if its files are on another node.
+    fn here(&self, volume: &VolumeRecord) -> Result<(), VolumeError> {
+        if volume.node == self.node {
+            return Ok(());
+        }
+        Err(VolumeError::Elsewhere {
+            name: volume.name.clone(),
+            node: volume.node.clone(),
+        })
+    }
+
     /// Deletes `owner`'s volume `id` and its files; `false` if it has none such. The caller
     /// makes sure that no sandbox mounts it (see `Lifecycle::delete_volume`).
     pub(crate) async fn delete(&self, owner: &str, id: &str) -> Result<bool, VolumeError> {
+        match self.records.get(owner, id).await? {
+            Some(volume) => self.here(&volume)?,
+            None => return Ok(false),
+        }
         if !self.records.delete(owner, id).await? {
             return Ok(false);
         }
@@ -286,8 +314,8 @@ impl Volumes {
         Ok(true)
     }
 
-    /// The volumes a create asks for, checked: `owner`'s, by name, each at its own absolute
-    /// path outside the system's trees.
+    /// The volumes a create asks for, checked: `owner`'s, by name, kept on this node, each at
+    /// its own absolute path outside the system's trees.
     pub async fn resolve(
         &self,
         owner: Option<&str>,
@@ -314,6 +342,7 @@ impl Volumes {
                 .iter()
                 .find(|v| v.name == request.name)
                 .ok_or_else(|| VolumeError::NotFound(request.name.clone()))?;
+            self.here(volume)?;
             mounts.push(VolumeMount {
                 volume_id: volume.id.clone(),
                 name: volume.name.clone(),
@@ -323,19 +352,21 @@ impl Volumes {
         Ok(mounts)
     }
 
-    /// Fails with the name of the first of `mounts` whose volume `owner` no longer has.
+    /// Fails with the name of the first of `mounts` whose volume `owner` no longer has, or
+    /// that is kept on another node.
     pub async fn check_still_there(
         &self,
         owner: Option<&str>,
         mounts: &[VolumeMount],
     ) -> Result<(), VolumeError> {
         for mount in mounts {
-            let present = match owner {
-                Some(owner) => self.records.get(owner, &mount.volume_id).await?.is_some(),
-                None => false,
+            let volume = match owner {
+                Some(owner) => self.records.get(owner, &mount.volume_id).await?,
+                None => None,
             };
-            if !present {
-                return Err(VolumeError::NotFound(mount.name.clone()));
+            match volume {
+                Some(volume) => self.here(&volume)?,
+                None => return Err(VolumeError::NotFound(mount.name.clone())),
             }
         }
         Ok(())
@@ -351,6 +382,7 @@ impl Volumes {
         if !constant_time_eq(record.token.as_bytes(), token.as_bytes()) {
             return Err(VolumeError::Unauthorized);
         }
+        self.here(&record)?;
         VolumeTree::open(&self.dir(id), record.size_limit_mb)
     }
 }

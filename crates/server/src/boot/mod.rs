@@ -127,6 +127,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let agent = Arc::new(HttpAgentClient { http: http.clone() });
     let volumes = Arc::new(
         airlock_core::volumes::Volumes::new(
+            &opts.node_name,
             store.clone(),
             driver.clone(),
             &data.volumes(),

@@ -7,6 +7,7 @@
 pub mod forward;
 pub mod nodes;
 pub mod routes;
+mod volumes;
 
 use airlock_core::store::Store;
 use std::sync::Arc;

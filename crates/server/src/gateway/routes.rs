@@ -1,11 +1,13 @@
 //! Where a gateway sends each request. It checks the API key itself, then: a create goes to
-//! the least loaded node; anything about one sandbox (its REST verbs and its traffic) goes to
-//! the node the catalog says it is on; the nodes' admin routes are answered here; everything
-//! else (lists, templates, snapshots, events, volumes), whose state is all in the shared
-//! database, goes to any ready node.
+//! the least loaded node, or to the one that keeps the volumes it mounts; anything about one
+//! sandbox (its REST verbs and its traffic) goes to the node the catalog says it is on, and
+//! anything about one volume to the node that keeps its files; the nodes' admin routes are
+//! answered here; everything else (lists, templates, snapshots, events), whose state is all in
+//! the shared database, goes to any ready node.
 
 use super::forward::{CheckedCaller, Kind};
 use super::nodes::{NoNode, NodeAddress};
+use super::volumes::{node_of_volume, place_create};
 use super::GatewayState;
 use crate::cluster::GATEWAY_HEADERS;
 use crate::http::error::ApiError;
@@ -24,11 +26,19 @@ use axum::Json;
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
     Health,
-    /// `/uploads/...` and `/volumecontent/...`: the link or token is the authority, no key.
-    OwnAuthority,
+    /// `/uploads/...`: the link is the authority, no key.
+    Uploads,
+    /// `/volumecontent/{id}/...`: the volume's token is the authority, no key.
+    VolumeContent(String),
     Create,
-    /// A route under `/sandboxes/{id}` or `/v2/sandboxes/{id}`.
-    Sandbox(String),
+    /// A route under `/sandboxes/{id}` or `/v2/sandboxes/{id}`; `kill` for E2B's kill,
+    /// `DELETE /sandboxes/{id}`.
+    Sandbox {
+        id: String,
+        kill: bool,
+    },
+    /// `/volumes/{id}`.
+    Volume(String),
     Nodes,
     Node(String),
     /// The dashboard, which reads one node's memory today. (MCP is the gateway's own route.)
@@ -48,9 +58,14 @@ impl Route {
             (Some([]), _) if method == Method::POST => Route::Create,
             // `/sandboxes/metrics` is every sandbox's, not one named `metrics`.
             (Some([] | ["metrics"]), _) => Route::AnyNode,
-            (Some([id, ..]), _) => Route::Sandbox((*id).to_owned()),
+            (Some([id, rest @ ..]), all) => Route::Sandbox {
+                id: (*id).to_owned(),
+                kill: method == Method::DELETE && rest.is_empty() && all[0] == "sandboxes",
+            },
             (None, ["health"]) => Route::Health,
-            (None, ["uploads", ..] | ["volumecontent", ..]) => Route::OwnAuthority,
+            (None, ["uploads", ..]) => Route::Uploads,
+            (None, ["volumecontent", id, ..]) => Route::VolumeContent((*id).to_owned()),
+            (None, ["volumes", id]) => Route::Volume((*id).to_owned()),
             (None, ["nodes"]) => Route::Nodes,
             (None, ["nodes", node]) => Route::Node((*node).to_owned()),
             (None, ["dashboard", ..]) => Route::NotOnGateways,
@@ -86,9 +101,13 @@ pub async fn handle(State(gw): State<GatewayState>, mut req: Request) -> Respons
             "the dashboard is not served by gateways yet: it is on a one-machine `airlock serve`",
         )
         .into_response(),
-        Route::OwnAuthority => match gw.nodes.place() {
+        Route::Uploads => match gw.nodes.place() {
             Ok(node) => gw.forward.send(&node, req, None, Kind::Api).await,
             Err(e) => no_node(e),
+        },
+        Route::VolumeContent(id) => match node_of_volume(&gw, &id).await {
+            Ok(node) => gw.forward.send(&node, req, None, Kind::Api).await,
+            Err(e) => e.into_response(),
         },
         route => match checked_caller(&gw, req.headers()).await {
             Ok(caller) => with_caller(&gw, route, caller, req).await,
@@ -104,10 +123,18 @@ async fn with_caller(
     req: Request,
 ) -> Response {
     let node = match route {
-        Route::Create | Route::AnyNode => gw.nodes.place(),
-        Route::Sandbox(id) => match owned_sandbox(gw, &caller, &id).await {
+        Route::Create => match place_create(gw, &caller.id, req).await {
+            Ok((node, req)) => return gw.forward.send(&node, req, Some(&caller), Kind::Api).await,
+            Err(e) => return e.into_response(),
+        },
+        Route::AnyNode => gw.nodes.place(),
+        Route::Volume(id) => match node_of_volume(gw, &id).await {
+            Ok(node) => Ok(node),
+            Err(e) => return e.into_response(),
+        },
+        Route::Sandbox { id, kill } => match owned_sandbox(gw, &caller, &id).await {
             Ok(record) => match node_of(gw, &record) {
-                Err(_) if record.state == SandboxState::Running && is_kill(&req) => {
+                Err(_) if record.state == SandboxState::Running && kill => {
                     return kill_lost(gw, &record).await
                 }
                 Err(e) if record.state == SandboxState::Running => {
@@ -128,7 +155,7 @@ async fn with_caller(
             Err(e) => return ApiError::not_found(e.to_string()).into_response(),
         },
         Route::Nodes | Route::Node(_) => return not_operator(),
-        Route::Health | Route::OwnAuthority | Route::NotOnGateways => {
+        Route::Health | Route::Uploads | Route::VolumeContent(_) | Route::NotOnGateways => {
             unreachable!("answered without a key")
         }
     };
@@ -165,9 +192,10 @@ async fn owned_sandbox(
 }
 
 /// Where requests for a sandbox go: its node; for a paused one whose node is gone or
-/// draining, the node placement picks, which takes it over and resumes it from object storage.
+/// draining, the node placement picks, which takes it over and resumes it from object storage,
+/// unless it mounts volumes (their files are on its node).
 fn node_of(gw: &GatewayState, record: &SandboxRecord) -> Result<NodeAddress, NoNode> {
-    if record.state == SandboxState::Paused {
+    if record.state == SandboxState::Paused && record.volume_mounts.is_empty() {
         return gw.nodes.ready(&record.node).or_else(|_| gw.nodes.place());
     }
     gw.nodes.healthy(&record.node)
@@ -203,13 +231,6 @@ fn lost(record: &SandboxRecord, why: &NoNode) -> String {
          running one cannot",
         record.id
     )
-}
-
-/// `DELETE /sandboxes/{id}`, E2B's kill.
-fn is_kill(req: &Request) -> bool {
-    let path = req.uri().path().trim_start_matches('/');
-    req.method() == Method::DELETE
-        && matches!(path.split('/').collect::<Vec<_>>()[..], ["sandboxes", _])
 }
 
 /// A kill of a running sandbox whose node is gone: there is nothing left to stop, so its row
@@ -269,15 +290,27 @@ mod tests {
         assert_eq!(of("POST", "/v2/sandboxes"), Route::Create);
         assert_eq!(of("GET", "/v2/sandboxes"), Route::AnyNode);
         assert_eq!(of("GET", "/sandboxes/metrics"), Route::AnyNode);
-        assert_eq!(of("GET", "/sandboxes/abc"), Route::Sandbox("abc".into()));
+        let sandbox = |id: &str, kill| Route::Sandbox {
+            id: id.into(),
+            kill,
+        };
+        assert_eq!(of("GET", "/sandboxes/abc"), sandbox("abc", false));
+        assert_eq!(of("DELETE", "/sandboxes/abc"), sandbox("abc", true));
+        assert_eq!(of("DELETE", "/v2/sandboxes/abc"), sandbox("abc", false));
+        assert_eq!(of("DELETE", "/sandboxes/abc/x"), sandbox("abc", false));
         assert_eq!(
             of("POST", "/v2/sandboxes/abc/connect"),
-            Route::Sandbox("abc".into())
+            sandbox("abc", false)
         );
         assert_eq!(of("GET", "/nodes"), Route::Nodes);
         assert_eq!(of("GET", "/nodes/n1"), Route::Node("n1".into()));
-        assert_eq!(of("PUT", "/uploads/t"), Route::OwnAuthority);
-        assert_eq!(of("GET", "/volumecontent/v/file"), Route::OwnAuthority);
+        assert_eq!(of("PUT", "/uploads/t"), Route::Uploads);
+        assert_eq!(
+            of("GET", "/volumecontent/v/file"),
+            Route::VolumeContent("v".into())
+        );
+        assert_eq!(of("DELETE", "/volumes/v"), Route::Volume("v".into()));
+        assert_eq!(of("POST", "/volumes"), Route::AnyNode);
         assert_eq!(of("GET", "/health"), Route::Health);
         assert_eq!(of("GET", "/templates"), Route::AnyNode);
         assert_eq!(of("GET", "/snapshots"), Route::AnyNode);

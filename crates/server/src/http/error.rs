@@ -171,9 +171,10 @@ impl From<airlock_core::volumes::VolumeError> for ApiError {
         use airlock_core::volumes::VolumeError;
         let status = match &err {
             VolumeError::NotFound(_) | VolumeError::PathNotFound(_) => StatusCode::NOT_FOUND,
-            VolumeError::NameTaken(_) | VolumeError::Exists(_) | VolumeError::InUse { .. } => {
-                StatusCode::CONFLICT
-            }
+            VolumeError::NameTaken(_)
+            | VolumeError::Exists(_)
+            | VolumeError::InUse { .. }
+            | VolumeError::Elsewhere { .. } => StatusCode::CONFLICT,
             VolumeError::BadName(_) | VolumeError::BadPath(_) => StatusCode::BAD_REQUEST,
             VolumeError::Unauthorized => StatusCode::UNAUTHORIZED,
             VolumeError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,

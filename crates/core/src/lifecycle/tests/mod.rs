@@ -317,7 +317,7 @@ fn test_volumes(
         per_key: 4,
         per_key_mb: 64,
     };
-    Arc::new(Volumes::new(store.clone(), driver, &data.join("volumes"), limits).unwrap())
+    Arc::new(Volumes::new(NODE, store.clone(), driver, &data.join("volumes"), limits).unwrap())
 }
 
 /// A new server process on the same store and host (and data dir).

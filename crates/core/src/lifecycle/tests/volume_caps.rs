@@ -2,13 +2,13 @@
 //! creates, and another key is not held to the first one's.
 
 use super::*;
-use crate::volumes::{VolumeError, VolumeLimits};
+use crate::volumes::{MountRequest, VolumeError, VolumeLimits};
 
 fn volumes(limits: VolumeLimits) -> (tempfile::TempDir, Volumes) {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
     let driver = Arc::new(RecordingDriver::default());
-    let volumes = Volumes::new(store, driver, &dir.path().join("volumes"), limits).unwrap();
+    let volumes = Volumes::new(NODE, store, driver, &dir.path().join("volumes"), limits).unwrap();
     (dir, volumes)
 }
 
@@ -75,4 +75,55 @@ async fn a_volume_larger_than_the_free_disk_is_refused() {
         .unwrap()
         .count();
     assert_eq!(left, 0, "nothing is made of it");
+}
+
+#[tokio::test]
+async fn a_volume_is_served_and_mounted_only_on_its_node() {
+    let limits = VolumeLimits {
+        size_mb: 1,
+        per_key: 10,
+        per_key_mb: 1 << 20,
+    };
+    let (dir, here) = volumes(limits);
+    let volume = here.create("alice", "data", 0).await.unwrap();
+    assert_eq!(volume.node, NODE);
+    let mount = MountRequest {
+        name: "data".into(),
+        path: "/mnt/data".into(),
+    };
+    // The positive control: its own node serves it and mounts it.
+    here.open(&volume.id, Some(&volume.token)).await.unwrap();
+    let mounts = here
+        .resolve(Some("alice"), std::slice::from_ref(&mount))
+        .await
+        .unwrap();
+    here.check_still_there(Some("alice"), &mounts)
+        .await
+        .unwrap();
+
+    // Another node on the same database refuses all of it, and says where the volume is.
+    let store = Arc::new(Store::open(&dir.path().join("db")).unwrap());
+    let driver = Arc::new(RecordingDriver::default());
+    let there = Volumes::new("node-b", store, driver, &dir.path().join("b"), limits).unwrap();
+    let elsewhere = |e: VolumeError| {
+        assert!(
+            matches!(&e, VolumeError::Elsewhere { name, node } if name == "data" && node == NODE),
+            "{e}"
+        );
+    };
+    match there.open(&volume.id, Some(&volume.token)).await {
+        Ok(_) => panic!("another node served the volume's files"),
+        Err(e) => elsewhere(e),
+    }
+    elsewhere(there.resolve(Some("alice"), &[mount]).await.unwrap_err());
+    elsewhere(
+        there
+            .check_still_there(Some("alice"), &mounts)
+            .await
+            .unwrap_err(),
+    );
+    elsewhere(there.delete("alice", &volume.id).await.unwrap_err());
+    // The delete above left the volume alone.
+    assert_eq!(here.get("alice", &volume.id).await.unwrap().node, NODE);
+    assert!(here.delete("alice", &volume.id).await.unwrap());
 }

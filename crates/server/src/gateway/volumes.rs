@@ -1,0 +1,115 @@
+//! Where requests that touch a volume go. A volume's files are on the disk of the node that
+//! made it (its record names it), so its content API, its own verbs and every sandbox that
+//! mounts it go there, never to the least loaded node.
+
+use super::nodes::{NoNode, NodeAddress};
+use super::GatewayState;
+use crate::http::error::ApiError;
+use airlock_core::ids::TemplateName;
+use airlock_core::store::VolumeRecord;
+use airlock_wire::api::NewSandbox;
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::StatusCode;
+use std::collections::BTreeSet;
+
+/// The largest create body a gateway reads to place it (a node takes no larger one either).
+const MAX_CREATE_BODY: usize = 2 << 20;
+
+/// The node for `/volumes/{id}` or `/volumecontent/{id}/...`: the volume's own. A volume no
+/// one has goes to any node, which answers for it as for a missing one (404 or 401).
+pub async fn node_of_volume(gw: &GatewayState, id: &str) -> Result<NodeAddress, ApiError> {
+    match gw.store.volumes().by_id(id).await? {
+        Some(volume) => gw
+            .nodes
+            .healthy(&volume.node)
+            .map_err(|e| node_unavailable(&volume, e)),
+        None => gw.nodes.place().map_err(unavailable),
+    }
+}
+
+/// The node for a create by `owner`, and the request to send it, its body read here: the node
+/// that keeps the volumes it mounts (named in `volumeMounts`, or those of the snapshot it
+/// starts from), else the least loaded one.
+pub async fn place_create(
+    gw: &GatewayState,
+    owner: &str,
+    req: Request,
+) -> Result<(NodeAddress, Request), ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes: Bytes = axum::body::to_bytes(body, MAX_CREATE_BODY)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a create's body may have at most {MAX_CREATE_BODY} bytes"),
+            )
+        })?;
+    // A body that is not a create is the node's to refuse, with its own words.
+    let mounted = match serde_json::from_slice::<NewSandbox>(&bytes) {
+        Ok(create) => mounted_volumes(gw, owner, &create).await?,
+        Err(_) => Vec::new(),
+    };
+    let node = match mounted.as_slice() {
+        [] => gw.nodes.place().map_err(unavailable)?,
+        [first, rest @ ..] => {
+            if let Some(other) = rest.iter().find(|v| v.node != first.node) {
+                return Err(ApiError::bad_request(format!(
+                    "volume '{}' is kept on node '{}' and volume '{}' on node '{}': a sandbox \
+                     mounts volumes of one node only",
+                    first.name, first.node, other.name, other.node
+                )));
+            }
+            gw.nodes
+                .ready(&first.node)
+                .map_err(|e| node_unavailable(first, e))?
+        }
+    };
+    Ok((node, Request::from_parts(parts, Body::from(bytes))))
+}
+
+/// The volumes of `owner` that `create` would mount. Names it lacks are left to the node,
+/// which answers 404 for them.
+async fn mounted_volumes(
+    gw: &GatewayState,
+    owner: &str,
+    create: &NewSandbox,
+) -> Result<Vec<VolumeRecord>, ApiError> {
+    // By name as the create says, or by id as the snapshot recorded them.
+    let mut wanted: BTreeSet<String> = create
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.name.clone())
+        .collect();
+    let by_name = !wanted.is_empty();
+    if !by_name {
+        if let Ok(snapshot) = TemplateName::parse(&create.template_id) {
+            if let Some(snapshot) = gw.store.snapshots().get(owner, &snapshot).await? {
+                wanted.extend(snapshot.volume_mounts.into_iter().map(|m| m.volume_id));
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut owned = gw.store.volumes().of(owner).await?;
+    owned.retain(|v| wanted.contains(if by_name { &v.name } else { &v.id }));
+    Ok(owned)
+}
+
+/// 503 for a volume whose node cannot take the request now.
+fn node_unavailable(volume: &VolumeRecord, e: NoNode) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "volume '{}' is kept on node '{}', where its files are: {e}; try again when the \
+             node is back",
+            volume.name, volume.node
+        ),
+    )
+}
+
+fn unavailable(e: NoNode) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
