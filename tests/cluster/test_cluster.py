@@ -6,6 +6,7 @@ import concurrent.futures
 import time
 import uuid
 
+import httpx
 import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import RateLimitException, SandboxException
@@ -85,6 +86,20 @@ def test_a_sandbox_serves_through_every_gateway(cluster):
                                 on_stdout=streamed.append)
         assert "".join(streamed) == "1\n2\n3\n"
         assert node_of(cluster, sbx.sandbox_id, 0) == node_of(cluster, sbx.sandbox_id, 1)
+
+        # Signed URLs name no sandbox, only its token's signature; any gateway finds it.
+        def on_second(url):
+            assert url.startswith(cluster.gateways[0]), url
+            return cluster.gateways[1] + url[len(cluster.gateways[0]):]
+        status, _, body = fetch(on_second(sbx.download_url("/home/user/hello.txt", "user", 60)))
+        assert (status, body) == (200, b"from gateway 2"), (status, body)
+        upload = on_second(sbx.upload_url("/home/user/up.txt", "user", 60))
+        answer = httpx.post(upload, files={"file": ("up.txt", b"uploaded")}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert sbx.files.read("/home/user/up.txt") == "uploaded"
+        forged = on_second(sbx.download_url("/home/user/hello.txt", "user", 60))
+        status, _, body = fetch(forged.replace("signature=v1_", "signature=v1_x"))
+        assert status == 401 and b"matches no running sandbox" in body, (status, body)
         via_second.kill()
         status, _ = cluster.api("GET", f"/sandboxes/{sbx.sandbox_id}", gateway=0)
         assert status == 404

@@ -38,6 +38,7 @@ pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
             client,
             secret: opts.secret,
         },
+        signers: Default::default(),
     });
     // No body limit here: each node bounds what it takes, and sandbox traffic streams.
     // MCP is a client of the API: here, of this gateway, which forwards its calls.

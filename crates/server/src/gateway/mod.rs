@@ -7,6 +7,7 @@
 pub mod forward;
 pub mod nodes;
 pub mod routes;
+mod signed_files;
 mod volumes;
 
 use airlock_core::store::Store;
@@ -16,6 +17,8 @@ pub struct Gateway {
     pub store: Arc<Store>,
     pub nodes: Arc<nodes::NodeTable>,
     pub forward: forward::Forwarder,
+    /// Signed file URLs' signatures already matched to their sandbox.
+    pub signers: crate::proxy::signed_urls::Signers,
 }
 
 pub type GatewayState = Arc<Gateway>;

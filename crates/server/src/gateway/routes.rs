@@ -7,6 +7,7 @@
 
 use super::forward::{CheckedCaller, Kind};
 use super::nodes::{NoNode, NodeAddress};
+use super::signed_files::signed_files;
 use super::volumes::{node_of_volume, place_create};
 use super::GatewayState;
 use crate::cluster::GATEWAY_HEADERS;
@@ -82,15 +83,7 @@ pub async fn handle(State(gw): State<GatewayState>, mut req: Request) -> Respons
     }
     match classify(req.headers(), req.uri()) {
         Some(Target::Sandbox { id, .. }) => return sandbox_traffic(&gw, &id, req).await,
-        // A signed URL names no sandbox, only the token that signed it.
-        Some(Target::SignedFiles) => {
-            return ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "signed file URLs are not served through a gateway yet: send the sandbox's id \
-                 in the E2b-Sandbox-Id header, or use the SDK's files API",
-            )
-            .into_response()
-        }
+        Some(Target::SignedFiles) => return signed_files(&gw, req).await,
         None => {}
     }
     let route = Route::of(req.method(), req.uri().path());
@@ -225,7 +218,7 @@ async fn sandbox_traffic(gw: &GatewayState, id: &str, req: Request) -> Response 
 }
 
 /// What a running sandbox whose node is gone is: lost with it (its memory was there).
-fn lost(record: &SandboxRecord, why: &NoNode) -> String {
+pub(super) fn lost(record: &SandboxRecord, why: &NoNode) -> String {
     format!(
         "sandbox {} was lost with its node: {why}; a paused sandbox would have moved, a \
          running one cannot",

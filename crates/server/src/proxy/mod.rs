@@ -17,7 +17,7 @@
 
 mod auto_resume;
 mod envelopes;
-mod signed_urls;
+pub(crate) mod signed_urls;
 pub mod target;
 
 pub use signed_urls::{url_pairs, Signers};
