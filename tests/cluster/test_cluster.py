@@ -70,6 +70,21 @@ def test_creates_spread_over_the_nodes(cluster):
         for gateway in (0, 1):
             listed = {s.sandbox_id for s in Sandbox.list(**cluster.sdk(gateway=gateway)).next_items()}
             assert {s.sandbox_id for s in sandboxes} <= listed
+
+        # So does the dashboard, whose overview a gateway puts together from both nodes...
+        status, page = cluster.api("GET", "/dashboard/", key=False, gateway=1)
+        assert status == 200 and "<script" in page, page[:200]
+        status, state = cluster.api("GET", "/dashboard/api/state", gateway=1)
+        assert status == 200, state
+        shown = {s["sandboxID"]: s["clientID"] for s in state["sandboxes"]}
+        assert {s.sandbox_id for s in sandboxes} <= set(shown), state
+        assert set(shown.values()) == {"node-1", "node-2"}
+        assert state["host"]["sandboxes_running"] >= len(sandboxes), state["host"]
+        # ...and whose actions reach the sandbox's node.
+        victim = next(s.sandbox_id for s in sandboxes if shown[s.sandbox_id] == "node-2")
+        status, body = cluster.api("POST", f"/dashboard/api/sandboxes/{victim}/kill", gateway=0)
+        assert status == 204, body
+        assert cluster.api("GET", f"/sandboxes/{victim}")[0] == 404
     finally:
         kill_all(sandboxes)
 
@@ -124,6 +139,11 @@ def test_another_key_sees_nothing_through_any_gateway(cluster):
                 assert status == 404, (gateway, method, path, body)
             listed = Sandbox.list(**cluster.sdk(gateway=gateway, key=other)).next_items()
             assert sbx.sandbox_id not in {s.sandbox_id for s in listed}
+            status, state = cluster.api("GET", "/dashboard/api/state", key=other, gateway=gateway)
+            assert status == 200 and state["sandboxes"] == [], state
+            status, body = cluster.api("POST", f"/dashboard/api/sandboxes/{sbx.sandbox_id}/kill",
+                                       key=other, gateway=gateway)
+            assert status == 404, body
         assert sbx.commands.run("true").exit_code == 0
     finally:
         kill_all([sbx])

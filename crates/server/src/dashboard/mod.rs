@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use base64::Engine;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
 
@@ -102,8 +102,8 @@ async fn page() -> Response {
         .into_response()
 }
 
-#[derive(Serialize)]
-struct Overview {
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Overview {
     /// The key's id, as `airlock key ls` shows it.
     key: String,
     host: Headroom,
@@ -111,8 +111,8 @@ struct Overview {
     templates: Vec<TemplateRow>,
 }
 
-/// How much room the host has left.
-#[derive(Serialize)]
+/// How much room the host has left (a cluster's: its nodes' together).
+#[derive(Serialize, Deserialize)]
 struct Headroom {
     sandboxes_running: usize,
     sandboxes_max: usize,
@@ -122,7 +122,7 @@ struct Headroom {
     disk_total_bytes: Option<u64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct SandboxRow {
     #[serde(flatten)]
     detail: airlock_wire::api::SandboxDetail,
@@ -131,7 +131,7 @@ struct SandboxRow {
     mem_used_bytes: Option<u64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct TemplateRow {
     /// What sandboxes are created from.
     name: String,
@@ -140,10 +140,10 @@ struct TemplateRow {
     builds: Vec<BuildRow>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct BuildRow {
     id: String,
-    status: &'static str,
+    status: String,
     created_at: i64,
     finished_at: Option<i64>,
     /// Why it failed, and at which step.
@@ -192,6 +192,39 @@ async fn overview(
     }))
 }
 
+impl Overview {
+    /// A cluster's overview from its nodes' (a gateway's): every node's sandboxes, newest
+    /// first, and their headroom added up. The key and the templates are the shared
+    /// database's, the same on every node. `None` for no overview.
+    pub(crate) fn of_nodes(nodes: Vec<Overview>) -> Option<Overview> {
+        let mut nodes = nodes.into_iter();
+        let mut all = nodes.next()?;
+        for node in nodes {
+            let (host, more) = (&mut all.host, node.host);
+            host.sandboxes_running += more.sandboxes_running;
+            host.sandboxes_max += more.sandboxes_max;
+            let add = |a: &mut Option<u64>, b: Option<u64>| {
+                *a = match (*a, b) {
+                    (None, None) => None,
+                    (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+                }
+            };
+            add(
+                &mut host.memory_available_bytes,
+                more.memory_available_bytes,
+            );
+            add(&mut host.memory_total_bytes, more.memory_total_bytes);
+            add(&mut host.disk_available_bytes, more.disk_available_bytes);
+            add(&mut host.disk_total_bytes, more.disk_total_bytes);
+            all.sandboxes.extend(node.sandboxes);
+        }
+        // RFC 3339 in UTC, all of one format: newest first as text is newest first in time.
+        all.sandboxes
+            .sort_by(|a, b| b.detail.started_at.cmp(&a.detail.started_at));
+        Some(all)
+    }
+}
+
 /// The built-ins, then the key's own templates (newest first), each with its builds.
 async fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>, ApiError> {
     let mut rows = Vec::new();
@@ -204,7 +237,7 @@ async fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>
             builds: built
                 .map(|t| BuildRow {
                     id: t.content_hash.chars().take(12).collect(),
-                    status: "ready",
+                    status: "ready".into(),
                     created_at: t.built_at,
                     finished_at: Some(t.built_at),
                     failure: None,
@@ -223,7 +256,7 @@ async fn templates(state: &AppState, caller: &Caller) -> Result<Vec<TemplateRow>
             builds: builds
                 .into_iter()
                 .map(|b| BuildRow {
-                    status: b.status.as_str(),
+                    status: b.status.as_str().into(),
                     created_at: b.created_at,
                     finished_at: b.finished_at,
                     failure: b.failure.map(|(why, step)| match step {
@@ -243,9 +276,11 @@ async fn sandbox_action(
     Extension(caller): Extension<Caller>,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
+    // A paused sandbox that a gateway sent here from its lost node is taken over.
     let record = state
         .lifecycle
-        .record(&id)
+        .record_or_adopt(&id)
+        .await
         .ok()
         .filter(|r| caller.sees(&r.owner))
         .ok_or_else(|| ApiError::not_found(format!("sandbox {id} not found")))?;

@@ -4,6 +4,7 @@
 //! keys and templates are in the shared PostgreSQL), so any gateway serves any request and a
 //! restarted one loses nothing.
 
+mod dashboard;
 pub mod forward;
 pub mod nodes;
 pub mod routes;

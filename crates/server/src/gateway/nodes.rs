@@ -234,6 +234,21 @@ impl NodeTable {
         })
     }
 
+    /// Every healthy node, draining ones too: those that answer for their sandboxes.
+    pub fn all_healthy(&self) -> Vec<NodeAddress> {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        known
+            .values()
+            .filter(|n| n.healthy())
+            .filter_map(|n| {
+                Some(NodeAddress {
+                    name: n.name()?.to_owned(),
+                    endpoint: n.endpoint.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Where the node named `name` is, if it is healthy and takes sandboxes (not draining).
     pub fn ready(&self, name: &str) -> Result<NodeAddress, NoNode> {
         let node = self.healthy(name)?;

@@ -5,6 +5,7 @@
 //! answered here; everything else (lists, templates, snapshots, events), whose state is all in
 //! the shared database, goes to any ready node.
 
+use super::dashboard::overview;
 use super::forward::{CheckedCaller, Kind};
 use super::nodes::{NoNode, NodeAddress};
 use super::signed_files::signed_files;
@@ -27,8 +28,9 @@ use axum::Json;
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
     Health,
-    /// `/uploads/...`: the link is the authority, no key.
-    Uploads,
+    /// To any node without a key: `/uploads/...`, where the link is the authority, and the
+    /// dashboard's page, which holds nothing.
+    Open,
     /// `/volumecontent/{id}/...`: the volume's token is the authority, no key.
     VolumeContent(String),
     Create,
@@ -42,8 +44,8 @@ enum Route {
     Volume(String),
     Nodes,
     Node(String),
-    /// The dashboard, which reads one node's memory today. (MCP is the gateway's own route.)
-    NotOnGateways,
+    /// The dashboard's overview, from every node. (MCP is the gateway's own route.)
+    DashboardOverview,
     /// Anything else behind the API key.
     AnyNode,
 }
@@ -64,12 +66,17 @@ impl Route {
                 kill: method == Method::DELETE && rest.is_empty() && all[0] == "sandboxes",
             },
             (None, ["health"]) => Route::Health,
-            (None, ["uploads", ..]) => Route::Uploads,
+            (None, ["uploads", ..] | ["dashboard"] | ["dashboard", ""]) => Route::Open,
+            (None, ["dashboard", "api", "state"]) => Route::DashboardOverview,
+            // A sandbox's kill, pause or resume, on its node.
+            (None, ["dashboard", "api", "sandboxes", id, _]) => Route::Sandbox {
+                id: (*id).to_owned(),
+                kill: false,
+            },
             (None, ["volumecontent", id, ..]) => Route::VolumeContent((*id).to_owned()),
             (None, ["volumes", id]) => Route::Volume((*id).to_owned()),
             (None, ["nodes"]) => Route::Nodes,
             (None, ["nodes", node]) => Route::Node((*node).to_owned()),
-            (None, ["dashboard", ..]) => Route::NotOnGateways,
             _ => Route::AnyNode,
         }
     }
@@ -89,12 +96,7 @@ pub async fn handle(State(gw): State<GatewayState>, mut req: Request) -> Respons
     let route = Route::of(req.method(), req.uri().path());
     match route {
         Route::Health => (StatusCode::OK, "ok").into_response(),
-        Route::NotOnGateways => ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "the dashboard is not served by gateways yet: it is on a one-machine `airlock serve`",
-        )
-        .into_response(),
-        Route::Uploads => match gw.nodes.place() {
+        Route::Open => match gw.nodes.place() {
             Ok(node) => gw.forward.send(&node, req, None, Kind::Api).await,
             Err(e) => no_node(e),
         },
@@ -148,7 +150,8 @@ async fn with_caller(
             Err(e) => return ApiError::not_found(e.to_string()).into_response(),
         },
         Route::Nodes | Route::Node(_) => return not_operator(),
-        Route::Health | Route::Uploads | Route::VolumeContent(_) | Route::NotOnGateways => {
+        Route::DashboardOverview => return overview(gw, &caller, req.uri()).await,
+        Route::Health | Route::Open | Route::VolumeContent(_) => {
             unreachable!("answered without a key")
         }
     };
@@ -297,7 +300,7 @@ mod tests {
         );
         assert_eq!(of("GET", "/nodes"), Route::Nodes);
         assert_eq!(of("GET", "/nodes/n1"), Route::Node("n1".into()));
-        assert_eq!(of("PUT", "/uploads/t"), Route::Uploads);
+        assert_eq!(of("PUT", "/uploads/t"), Route::Open);
         assert_eq!(
             of("GET", "/volumecontent/v/file"),
             Route::VolumeContent("v".into())
@@ -307,6 +310,16 @@ mod tests {
         assert_eq!(of("GET", "/health"), Route::Health);
         assert_eq!(of("GET", "/templates"), Route::AnyNode);
         assert_eq!(of("GET", "/snapshots"), Route::AnyNode);
-        assert_eq!(of("GET", "/dashboard/"), Route::NotOnGateways);
+        assert_eq!(of("GET", "/dashboard/"), Route::Open);
+        assert_eq!(of("GET", "/dashboard"), Route::Open);
+        assert_eq!(of("GET", "/dashboard/api/state"), Route::DashboardOverview);
+        assert_eq!(
+            of("POST", "/dashboard/api/sandboxes/abc/kill"),
+            sandbox("abc", false)
+        );
+        assert_eq!(
+            of("GET", "/dashboard/api/templates/t/builds/b/logs"),
+            Route::AnyNode
+        );
     }
 }
