@@ -213,8 +213,9 @@ clean_node() {
     rm -f "/run/airlock/netns-$ino.lock"
     ip netns del "alc-$name"
   fi
-  # The kernel may keep a deleted netns a while (its sockets' last packets): its veth goes now.
-  ! ip link show "alc-$name" >/dev/null 2>&1 || ip link del "alc-$name"
+  # The kernel may keep a deleted netns a while (its sockets' last packets): its veth goes now,
+  # unless the kernel took it meanwhile.
+  ip link del "alc-$name" 2>/dev/null || ! ip link show "alc-$name" >/dev/null 2>&1
 }
 
 # --- commands -----------------------------------------------------------------------------------

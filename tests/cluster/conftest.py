@@ -82,3 +82,15 @@ def cluster():
     yield c
     down = c.script("down")
     assert down.returncode == 0, down.stderr
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with the tails of the nodes' and gateways' logs, which
+    `cluster.sh down` removes with the cluster."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if report.when == "call" and report.failed and cluster is not None:
+        for log in sorted((cluster.dir / "logs").glob("*.log")):
+            report.sections.append((f"{log.stem} log (its last lines)", cluster.log_tail(log.stem)))

@@ -124,8 +124,8 @@ pub trait Driver: Send + Sync + 'static {
     async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<Placement, DriverError>;
 
     /// The directory an image's files are in (whether it exists or not): plain files, which a
-    /// copy elsewhere restores as they are. The driver deletes leftovers named
-    /// `.{image}.partial` beside it, as of its own checkpoints.
+    /// copy elsewhere restores as they are. Work in progress is written as `.{image}.partial`
+    /// beside it; the driver deletes what is left of such at its start.
     fn image_path(&self, image: &str) -> Result<PathBuf, DriverError>;
 
     /// Whether the image exists.
@@ -134,7 +134,8 @@ pub trait Driver: Send + Sync + 'static {
     /// Deletes the image; succeeds if it does not exist.
     async fn delete_image(&self, image: &str) -> Result<(), DriverError>;
 
-    /// Names of all images, and of leftovers of checkpoints that never finished.
+    /// Names of all images (not those still being written). No side effects: it runs while
+    /// checkpoints and downloads are under way.
     fn images(&self) -> Result<Vec<String>, DriverError>;
 
     /// The disk the image takes, in bytes (0 if it does not exist).

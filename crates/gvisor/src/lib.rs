@@ -156,6 +156,8 @@ impl GvisorDriver {
         tracing::info!(runsc = %config.runsc.display(), version, "runsc found");
         let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_locks = host_lock::take(&config.instance)?;
+        // Checkpoints that died half-way with the last process; none of this one's is under way.
+        remove_partial_images(&state_dir.join("images"));
         let network = Network::new(network::Setup {
             state_dir: &state_dir,
             run_dir: config.instance.run_dir(),
@@ -473,9 +475,8 @@ impl Driver for GvisorDriver {
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
-            // A checkpoint that died half-way (`.{name}.partial`) is deleted on sight.
-            if name.starts_with('.') && name.ends_with(".partial") {
-                let _ = std::fs::remove_dir_all(entry.path());
+            // A checkpoint under way writes `.{name}.partial`: not an image yet.
+            if is_partial(&name) {
                 continue;
             }
             names.push(name);
@@ -620,5 +621,25 @@ fn invalid(what: &str, path: &Path, problem: &str) -> DriverError {
     DriverError::Command {
         what: format!("using {what} {}", path.display()),
         detail: problem.into(),
+    }
+}
+
+/// Whether `name` in the images dir is a checkpoint's work in progress.
+fn is_partial(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".partial")
+}
+
+/// Deletes the checkpoints' work in progress left in `images` (at start only: while serving,
+/// one may be a pause under way).
+fn remove_partial_images(images: &Path) {
+    let Ok(entries) = std::fs::read_dir(images) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(is_partial) {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(path = %entry.path().display(), error = %e, "removing a half-written image failed");
+            }
+        }
     }
 }

@@ -65,4 +65,8 @@ pub struct NodeReport {
     pub max_sandboxes: u32,
     /// Starts waiting for their turn there now.
     pub launches_queued: u32,
+    /// The templates (their records' names: a built-in's name or a build's id) whose golden
+    /// image it holds: a create of one restores it there instead of booting it.
+    #[serde(default)]
+    pub warm_templates: Vec<String>,
 }

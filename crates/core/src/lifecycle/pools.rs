@@ -151,6 +151,24 @@ impl Lifecycle {
         format!("{GOLDEN_PREFIX}{}-{hash}-{runtime}", template.name)
     }
 
+    /// The templates (their records' names) whose golden image, for this runtime, is here:
+    /// placement prefers this node for them.
+    pub fn warm_templates(&self) -> Vec<String> {
+        let runtime = self.driver.fingerprint();
+        let mut warm: Vec<String> = (self.driver.images().unwrap_or_default().iter())
+            .filter_map(|image| {
+                // `golden-{name}-{hash}-{runtime}`, as `golden_image` names them.
+                let rest = image.strip_prefix(GOLDEN_PREFIX)?;
+                let (rest, of_runtime) = rest.rsplit_once('-')?;
+                let (name, _hash) = rest.rsplit_once('-')?;
+                (of_runtime == runtime).then(|| name.to_owned())
+            })
+            .collect();
+        warm.sort();
+        warm.dedup();
+        warm
+    }
+
     /// How pooled sandboxes and golden images are started: in the background, after every
     /// caller's launch.
     fn default_launch(&self) -> Launch {

@@ -70,5 +70,6 @@ pub async fn report(State(state): State<AppState>) -> Json<NodeReport> {
         memory_available_mib: load.memory_available_bytes.unwrap_or(0) >> 20,
         max_sandboxes: load.max_sandboxes as u32,
         launches_queued: load.launches_queued as u32,
+        warm_templates: state.lifecycle.warm_templates(),
     })
 }

@@ -7,9 +7,9 @@
 mod dashboard;
 pub mod forward;
 pub mod nodes;
+mod placement;
 pub mod routes;
 mod signed_files;
-mod volumes;
 
 use airlock_core::store::Store;
 use std::sync::Arc;

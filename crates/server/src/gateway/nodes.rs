@@ -20,8 +20,13 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Polls in a row a node may miss before it is unhealthy: a lost node stops getting sandboxes
 /// within `POLL_INTERVAL * MISSES + POLL_TIMEOUT`, about 3.5 s.
 const MISSES: u32 = 2;
-/// The largest poll answer read; a node that sends more is not trusted.
-const MAX_REPORT: usize = 64 * 1024;
+/// The largest poll answer read; a node that sends more is not trusted. (Most of a report is
+/// its warm templates' names.)
+const MAX_REPORT: usize = 1 << 20;
+/// How much busier, in sandboxes per core, a node holding a template's golden image may be
+/// than the least loaded one and still get the template's creates: a restore there costs
+/// less than a boot elsewhere.
+const WARM_SLACK: f64 = 1.0;
 
 /// The HTTP client for nodes. Unlike the one for sandboxes' agents, connections are kept: a
 /// node's are many requests of many sandboxes.
@@ -58,6 +63,22 @@ impl Known {
         self.report.as_ref().map(|r| r.node.node_id.as_str())
     }
 
+    /// Healthy and taking sandboxes (not draining).
+    fn ready(&self) -> bool {
+        self.healthy()
+            && self
+                .report
+                .as_ref()
+                .is_some_and(|r| r.node.status == NodeStatus::Ready)
+    }
+
+    /// Whether it holds the golden image of `template` (a record's name).
+    fn warm(&self, template: &str) -> bool {
+        self.report
+            .as_ref()
+            .is_some_and(|r| r.warm_templates.iter().any(|t| t == template))
+    }
+
     /// How busy it is for placement: its sandboxes and the starts queued there, per core, as
     /// it said last plus what was placed since.
     fn load(&self) -> f64 {
@@ -68,6 +89,10 @@ impl Known {
         let placed = self.placed.load(Ordering::Relaxed);
         f64::from(sandboxes + placed) / f64::from(report.cpus.max(1))
     }
+}
+
+fn least_loaded<'a>(nodes: impl Iterator<Item = &'a Known>) -> Option<&'a Known> {
+    nodes.min_by(|a, b| a.load().total_cmp(&b.load()))
 }
 
 /// Where to send a request for a node.
@@ -201,16 +226,22 @@ impl NodeTable {
 
     /// The node for a new sandbox: the least loaded of the healthy, ready ones.
     pub fn place(&self) -> Result<NodeAddress, NoNode> {
+        self.place_for(None)
+    }
+
+    /// The node for a new sandbox of `template` (its record's name): the least loaded of the
+    /// healthy, ready ones that hold its golden image, unless that one is busier than the
+    /// least loaded of all by more than [`WARM_SLACK`]; else the least loaded of all.
+    pub fn place_for(&self, template: Option<&str>) -> Result<NodeAddress, NoNode> {
         let known = self.known.read().unwrap_or_else(|e| e.into_inner());
-        let ready = known.values().filter(|n| {
-            n.healthy()
-                && n.report
-                    .as_ref()
-                    .is_some_and(|r| r.node.status == NodeStatus::Ready)
-        });
-        let best = ready
-            .min_by(|a, b| a.load().total_cmp(&b.load()))
-            .ok_or(NoNode::NoneReady { known: known.len() })?;
+        let ready: Vec<&Known> = known.values().filter(|n| n.ready()).collect();
+        let coolest =
+            least_loaded(ready.iter().copied()).ok_or(NoNode::NoneReady { known: known.len() })?;
+        let warm = template.and_then(|t| least_loaded(ready.iter().copied().filter(|n| n.warm(t))));
+        let best = match warm {
+            Some(warm) if warm.load() <= coolest.load() + WARM_SLACK => warm,
+            _ => coolest,
+        };
         best.placed.fetch_add(1, Ordering::Relaxed);
         Ok(NodeAddress {
             name: best.name().unwrap_or_default().to_owned(),
@@ -234,6 +265,18 @@ impl NodeTable {
         })
     }
 
+    /// Whether the ready nodes hold golden images of different templates: only then does a
+    /// create's template matter to placement.
+    pub fn warmth_differs(&self) -> bool {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let mut lists = known
+            .values()
+            .filter(|n| n.ready())
+            .filter_map(|n| n.report.as_ref().map(|r| &r.warm_templates));
+        let first = lists.next();
+        lists.any(|other| Some(other) != first)
+    }
+
     /// Every healthy node, draining ones too: those that answer for their sandboxes.
     pub fn all_healthy(&self) -> Vec<NodeAddress> {
         let known = self.known.read().unwrap_or_else(|e| e.into_inner());
@@ -253,12 +296,7 @@ impl NodeTable {
     pub fn ready(&self, name: &str) -> Result<NodeAddress, NoNode> {
         let node = self.healthy(name)?;
         let known = self.known.read().unwrap_or_else(|e| e.into_inner());
-        let ready = known.get(&node.endpoint).is_some_and(|n| {
-            n.report
-                .as_ref()
-                .is_some_and(|r| r.node.status == NodeStatus::Ready)
-        });
-        if ready {
+        if known.get(&node.endpoint).is_some_and(Known::ready) {
             Ok(node)
         } else {
             Err(NoNode::Draining(name.to_owned()))
@@ -296,6 +334,11 @@ mod tests {
     use super::*;
 
     fn table(nodes: &[(&str, u32, NodeStatus, u32)]) -> Arc<NodeTable> {
+        warm_table(nodes, &[])
+    }
+
+    /// Nodes `(name, sandboxes, status, polls missed)`; those in `warm` hold golden image `t`.
+    fn warm_table(nodes: &[(&str, u32, NodeStatus, u32)], warm: &[&str]) -> Arc<NodeTable> {
         let secret_file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(secret_file.path(), "s".repeat(32)).unwrap();
         let secret = ClusterSecret::read(secret_file.path()).unwrap();
@@ -315,6 +358,11 @@ mod tests {
                 memory_available_mib: 1024,
                 max_sandboxes: 100,
                 launches_queued: 0,
+                warm_templates: if warm.contains(name) {
+                    vec!["t".into()]
+                } else {
+                    Vec::new()
+                },
             };
             known.insert(
                 endpoint.clone(),
@@ -359,6 +407,33 @@ mod tests {
         assert!(shown.contains(&("drained".into(), Draining)), "{shown:?}");
         let none = table(&[("gone", 0, Ready, MISSES), ("drained", 0, Draining, 0)]);
         assert_eq!(none.place(), Err(NoNode::NoneReady { known: 2 }));
+    }
+
+    #[tokio::test]
+    async fn a_template_s_creates_go_where_its_golden_image_is_unless_that_node_is_much_busier() {
+        use NodeStatus::*;
+        // Two cores each: WARM_SLACK (1 per core) is two sandboxes.
+        let nodes = warm_table(
+            &[
+                ("cold", 1, Ready, 0),
+                ("warm", 2, Ready, 0),
+                ("warm-but-gone", 0, Ready, MISSES),
+                ("warm-but-drained", 0, Draining, 0),
+            ],
+            &["warm", "warm-but-gone", "warm-but-drained"],
+        );
+        assert!(nodes.warmth_differs());
+        let picks: Vec<String> = (0..6)
+            .map(|_| nodes.place_for(Some("t")).unwrap().name)
+            .collect();
+        // warm takes them while it is at most 2 sandboxes busier than cold, then they
+        // alternate within that distance.
+        assert_eq!(picks, ["warm", "warm", "cold", "warm", "cold", "warm"]);
+        // Another template, or none, goes to the least loaded.
+        assert_eq!(nodes.place_for(Some("other")).unwrap().name, "cold");
+        assert_eq!(nodes.place().unwrap().name, "cold");
+        let alike = warm_table(&[("a", 0, Ready, 0), ("b", 0, Ready, 0)], &["a", "b"]);
+        assert!(!alike.warmth_differs());
     }
 
     /// `cargo test --release -p airlock placement_at_scale -- --ignored --nocapture`: placement

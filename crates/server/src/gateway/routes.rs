@@ -8,8 +8,8 @@
 use super::dashboard::overview;
 use super::forward::{CheckedCaller, Kind};
 use super::nodes::{NoNode, NodeAddress};
+use super::placement::{node_of_volume, place_create};
 use super::signed_files::signed_files;
-use super::volumes::{node_of_volume, place_create};
 use super::GatewayState;
 use crate::cluster::GATEWAY_HEADERS;
 use crate::http::error::ApiError;

@@ -1,6 +1,7 @@
-//! Where requests that touch a volume go. A volume's files are on the disk of the node that
-//! made it (its record names it), so its content API, its own verbs and every sandbox that
-//! mounts it go there, never to the least loaded node.
+//! Where creates and requests that touch a volume go. A volume's files are on the disk of the
+//! node that made it (its record names it), so its content API, its own verbs and every
+//! sandbox that mounts it go there, never to the least loaded node. Other creates go to the
+//! least loaded node, or to one that holds the template's golden image if it is not much busier.
 
 use super::nodes::{NoNode, NodeAddress};
 use super::GatewayState;
@@ -46,12 +47,21 @@ pub async fn place_create(
             )
         })?;
     // A body that is not a create is the node's to refuse, with its own words.
-    let mounted = match serde_json::from_slice::<NewSandbox>(&bytes) {
-        Ok(create) => mounted_volumes(gw, owner, &create).await?,
-        Err(_) => Vec::new(),
+    let create = serde_json::from_slice::<NewSandbox>(&bytes).ok();
+    let mounted = match &create {
+        Some(create) => mounted_volumes(gw, owner, create).await?,
+        None => Vec::new(),
     };
     let node = match mounted.as_slice() {
-        [] => gw.nodes.place().map_err(unavailable)?,
+        [] => {
+            let template = match create {
+                Some(create) => warm_name(gw, owner, &create.template_id).await,
+                None => None,
+            };
+            gw.nodes
+                .place_for(template.as_deref())
+                .map_err(unavailable)?
+        }
         [first, rest @ ..] => {
             if let Some(other) = rest.iter().find(|v| v.node != first.node) {
                 return Err(ApiError::bad_request(format!(
@@ -66,6 +76,20 @@ pub async fn place_create(
         }
     };
     Ok((node, Request::from_parts(parts, Body::from(bytes))))
+}
+
+/// The name nodes know template `reference` by in their warm lists (its record's), if some
+/// ready nodes hold golden images that others lack; a hint only, so a failed lookup is none.
+async fn warm_name(gw: &GatewayState, owner: &str, reference: &str) -> Option<String> {
+    if !gw.nodes.warmth_differs() {
+        return None;
+    }
+    let found = gw
+        .store
+        .templates()
+        .visible_template(Some(owner), reference)
+        .await;
+    Some(found.ok()??.0.name.to_string())
 }
 
 /// The volumes of `owner` that `create` would mount. Names it lacks are left to the node,
