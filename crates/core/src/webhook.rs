@@ -102,14 +102,14 @@ impl reqwest::dns::Resolve for GuardedResolver {
 
 /// Sends deliveries, in order per webhook and a bounded number at a time.
 pub struct Deliverer {
-    sender: Arc<Sender>,
+    shared: Arc<LaneShared>,
     /// Each webhook's lane, by webhook id. A lane is put in and taken out under this lock,
     /// and only sent to under it, so nothing is sent to a lane whose task has ended.
     lanes: Arc<Mutex<HashMap<String, mpsc::Sender<Delivery>>>>,
 }
 
 /// What every lane shares: the client, where it may send, and the slots.
-struct Sender {
+struct LaneShared {
     http: reqwest::Client,
     targets: Arc<Targets>,
     slots: Semaphore,
@@ -137,7 +137,7 @@ impl Deliverer {
             .build()
             .map_err(WebhookError::Client)?;
         Ok(Deliverer {
-            sender: Arc::new(Sender {
+            shared: Arc::new(LaneShared {
                 http,
                 targets,
                 slots: Semaphore::new(AT_ONCE),
@@ -176,7 +176,7 @@ impl Deliverer {
             None => local.then_some(IpAddr::from([127, 0, 0, 1])),
         };
         match ip {
-            Some(ip) => self.sender.targets.check_ip(host, ip).or_else(bad),
+            Some(ip) => self.shared.targets.check_ip(host, ip).or_else(bad),
             None => Ok(()),
         }
     }
@@ -198,7 +198,7 @@ impl Deliverer {
     /// none came for [`LANE_IDLE`], taking its lane out first.
     fn open_lane(&self, webhook_id: String) -> mpsc::Sender<Delivery> {
         let (lane, mut waiting) = mpsc::channel::<Delivery>(LANE_DEPTH);
-        let (sender, lanes) = (self.sender.clone(), self.lanes.clone());
+        let (shared, lanes) = (self.shared.clone(), self.lanes.clone());
         tokio::spawn(async move {
             loop {
                 let delivery = match tokio::time::timeout(LANE_IDLE, waiting.recv()).await {
@@ -215,10 +215,10 @@ impl Deliverer {
                         }
                     }
                 };
-                let Ok(_slot) = sender.slots.acquire().await else {
-                    return; // closed: never, the semaphore lives as long as the sender
+                let Ok(_slot) = shared.slots.acquire().await else {
+                    return; // closed: never, the semaphore lives as long as `shared`
                 };
-                attempt_all(&sender.http, &sender.targets, &delivery).await;
+                attempt_all(&shared.http, &shared.targets, &delivery).await;
             }
         });
         lane
@@ -337,8 +337,8 @@ mod tests {
     async fn a_name_at_a_private_address_is_refused_when_sent() {
         let d = deliverer(false);
         let refused = attempt_one(
-            &d.sender.http,
-            &d.sender.targets,
+            &d.shared.http,
+            &d.shared.targets,
             &Delivery {
                 webhook_id: "w".into(),
                 url: "http://localhost:9/x".into(),

@@ -49,6 +49,6 @@ impl Lifecycle {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(self.volumes.delete(owner, id).await?)
+        Ok(self.volumes.delete(&volume).await?)
     }
 }

@@ -296,14 +296,13 @@ impl Volumes {
         })
     }
 
-    /// Deletes `owner`'s volume `id` and its files; `false` if it has none such. The caller
-    /// makes sure that no sandbox mounts it (see `Lifecycle::delete_volume`).
-    pub(crate) async fn delete(&self, owner: &str, id: &str) -> Result<bool, VolumeError> {
-        match self.records.get(owner, id).await? {
-            Some(volume) => self.here(&volume)?,
-            None => return Ok(false),
-        }
-        if !self.records.delete(owner, id).await? {
+    /// Deletes `volume` (as [`Volumes::get`] found it) and its files; `false` if it is gone
+    /// meanwhile. The caller makes sure that no sandbox mounts it (see
+    /// `Lifecycle::delete_volume`).
+    pub(crate) async fn delete(&self, volume: &VolumeRecord) -> Result<bool, VolumeError> {
+        self.here(volume)?;
+        let id = volume.id.as_str();
+        if !self.records.delete(&volume.owner, id).await? {
             return Ok(false);
         }
         let dir = self.dir(id);

@@ -58,7 +58,7 @@ async fn creates_stop_at_the_total_size_and_start_again_after_a_delete() {
         "{refused}"
     );
     assert!(refused.to_string().contains("--key-max-volume-mb"));
-    assert!(volumes.delete("alice", &first.id).await.unwrap());
+    assert!(volumes.delete(&first).await.unwrap());
     volumes.create("alice", "c", 0).await.unwrap();
 }
 
@@ -122,8 +122,8 @@ async fn a_volume_is_served_and_mounted_only_on_its_node() {
             .await
             .unwrap_err(),
     );
-    elsewhere(there.delete("alice", &volume.id).await.unwrap_err());
+    elsewhere(there.delete(&volume).await.unwrap_err());
     // The delete above left the volume alone.
     assert_eq!(here.get("alice", &volume.id).await.unwrap().node, NODE);
-    assert!(here.delete("alice", &volume.id).await.unwrap());
+    assert!(here.delete(&volume).await.unwrap());
 }
