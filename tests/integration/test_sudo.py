@@ -53,8 +53,11 @@ def test_a_root_process_through_sudo_lacks_cap_sys_admin(sandbox):
     assert caps(agent) & (1 << CAP_SYS_ADMIN), agent
     # Root through sudo cannot trace the agent, though it can trace a process of its own (the
     # control: ptrace works at all).
+    # The traced child gets no stdout: stopped by the attach, it would hold the command's
+    # output open, and the command would never end.
     attach = ("import ctypes, subprocess, sys; libc = ctypes.CDLL(None, use_errno=True); "
-              "pid = int(sys.argv[1]) or subprocess.Popen(['sleep', '30']).pid; "
+              "pid = int(sys.argv[1]) or subprocess.Popen(['sleep', '30'], "
+              "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid; "
               "print(libc.ptrace(16, pid, 0, 0), ctypes.get_errno())")
     assert run(f'sudo python3 -c "{attach}" 1').stdout.split() == ["-1", "1"]  # EPERM
     assert run(f'sudo python3 -c "{attach}" 0').stdout.split()[0] == "0"
