@@ -146,8 +146,9 @@ pub trait Driver: Send + Sync + 'static {
     fn fingerprint(&self) -> String;
 
     /// Stops every process of a running sandbox where it stands (`true`), so that an idle one
-    /// costs no CPU, or lets them go on (`false`). Quick, and may be repeated. Destroying and
-    /// checkpointing a frozen sandbox thaw it first.
+    /// costs no CPU, or lets them go on (`false`). A freeze returns once every process has
+    /// stopped (about a millisecond); one that cannot finish leaves the sandbox running and is
+    /// an error. May be repeated. Destroying and checkpointing a frozen sandbox thaw it first.
     fn set_frozen(&self, id: &SandboxId, frozen: bool) -> Result<(), DriverError>;
 
     /// The memory the host charges the sandbox's processes for, in bytes; `None` if unknown.

@@ -4,8 +4,13 @@
 
 use airlock_core::driver::DriverError;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// How long a freeze may take to stop every thread of a sandbox. It takes about a millisecond;
+/// a thread in an uninterruptible wait (disk I/O on a loaded host) holds it up.
+const FREEZE_WAIT: Duration = Duration::from_millis(500);
 
 /// The cgroups of one instance's sandboxes, all under one parent.
 pub(crate) struct Cgroups {
@@ -103,25 +108,44 @@ impl Cgroups {
     }
 
     /// Stops (`true`) or lets go on (`false`) every process of the sandbox, sentry and gofer alike,
-    /// where it stands: v1 `freezer.state`, v2 `cgroup.freeze`. Both return at once and may be
-    /// repeated. A sandbox with no freezer cgroup (it is being torn down) is left as it is.
+    /// where it stands: v1 `freezer.state`, v2 `cgroup.freeze`. May be repeated. A sandbox with no
+    /// freezer cgroup (it is being torn down) is left as it is.
+    ///
+    /// The kernel freezes a thread only once it reaches a point where it can stop, so a freeze
+    /// returns when every thread has stopped (v1 `FROZEN`, v2 `frozen 1` in `cgroup.events`),
+    /// writing the request again meanwhile as runc does, which wakes threads that slept through
+    /// it. One that has not stopped within `FREEZE_WAIT` is thawed again and reported: a
+    /// sandbox is either frozen or running, never half of each.
     pub(crate) fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), DriverError> {
-        let root = Path::new(CGROUP_ROOT);
-        let v1 = root
-            .join("freezer")
-            .join(&self.parent)
-            .join(id)
-            .join("freezer.state");
-        let (file, value) = if v1.exists() {
-            (v1, if frozen { "FROZEN" } else { "THAWED" })
-        } else {
-            let v2 = root.join(&self.parent).join(id).join("cgroup.freeze");
-            if !v2.exists() {
-                return Ok(());
-            }
-            (v2, if frozen { "1" } else { "0" })
+        let Some(freezer) = Freezer::of(&Path::new(CGROUP_ROOT).join("freezer"), &self.parent, id)
+            .or_else(|| Freezer::of(Path::new(CGROUP_ROOT), &self.parent, id))
+        else {
+            return Ok(());
         };
-        std::fs::write(&file, value).map_err(DriverError::io(format!("writing {}", file.display())))
+        freezer.request(frozen)?;
+        if !frozen {
+            return Ok(());
+        }
+        let deadline = Instant::now() + FREEZE_WAIT;
+        while !freezer.is_frozen() {
+            if Instant::now() >= deadline {
+                let thawed = freezer.request(false);
+                return Err(DriverError::Command {
+                    what: format!("freezing sandbox {id}"),
+                    detail: format!(
+                        "some of its threads had not stopped after {} ms{}",
+                        FREEZE_WAIT.as_millis(),
+                        match thawed {
+                            Ok(()) => "; it runs on".to_string(),
+                            Err(e) => format!(", and thawing it again failed: {e}"),
+                        }
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            freezer.request(true)?;
+        }
+        Ok(())
     }
 
     /// Sets the most memory the host lets the sandbox's processes (sentry, gofer) hold, in bytes
@@ -189,4 +213,45 @@ fn stat_field(stat: &str, name: &str) -> Option<u64> {
         let (key, value) = line.split_once(' ')?;
         (key == name).then(|| value.trim().parse().ok()).flatten()
     })
+}
+
+/// One sandbox's freezer: cgroup v1's `freezer.state` or v2's `cgroup.freeze`.
+enum Freezer {
+    V1(PathBuf),
+    V2(PathBuf),
+}
+
+impl Freezer {
+    /// The freezer of `parent/id` under `root`, if that cgroup has one.
+    fn of(root: &Path, parent: &str, id: &str) -> Option<Freezer> {
+        let dir = root.join(parent).join(id);
+        if dir.join("freezer.state").exists() {
+            Some(Freezer::V1(dir.join("freezer.state")))
+        } else if dir.join("cgroup.freeze").exists() {
+            Some(Freezer::V2(dir))
+        } else {
+            None
+        }
+    }
+
+    fn request(&self, frozen: bool) -> Result<(), DriverError> {
+        let (file, value) = match self {
+            Freezer::V1(state) => (state.clone(), if frozen { "FROZEN" } else { "THAWED" }),
+            Freezer::V2(dir) => (dir.join("cgroup.freeze"), if frozen { "1" } else { "0" }),
+        };
+        std::fs::write(&file, value).map_err(DriverError::io(format!("writing {}", file.display())))
+    }
+
+    /// Whether every thread has stopped. A cgroup that vanished (torn down meanwhile) counts as
+    /// frozen: nothing of it runs.
+    fn is_frozen(&self) -> bool {
+        match self {
+            Freezer::V1(state) => std::fs::read_to_string(state)
+                .map(|s| s.trim() == "FROZEN")
+                .unwrap_or(true),
+            Freezer::V2(dir) => std::fs::read_to_string(dir.join("cgroup.events"))
+                .map(|s| s.lines().any(|l| l == "frozen 1"))
+                .unwrap_or(true),
+        }
+    }
 }
