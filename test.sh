@@ -83,12 +83,14 @@ echo "==> many machines: two gateways and two nodes on this machine (scripts/clu
 echo "==> integration tests with the older SDKs of tests/requirements-compat.txt"
 # What differs between SDK versions is the SDK's own surface: sandboxes, commands, files, the code
 # interpreter, pause and resume, logs and metrics, templates and volumes. The suites of the server's
-# own guards (escapes, network, host, limits, tenants, quotas, restarts) and of Airlock's own
-# clients (CLI, MCP, dashboard, airlock-tools) test the server, not the SDK, and run once above.
+# own guards (escapes, network, host, limits, tenants, quotas, restarts, pauses kept in memory)
+# and of Airlock's own clients (CLI, MCP, dashboard, airlock-tools) test the server, not the SDK,
+# and run once above; so do the tests marked `server_only` in the suites that run again.
 compat_suites=()
 for suite in auth auto_resume code_interpreter commands file_metadata files images lifecycle \
-  logs metrics pause paused_in_memory reboot template_tags templates volume_mounts volumes; do
+  logs metrics pause template_tags templates volume_mounts volumes; do
   compat_suites+=("tests/integration/test_$suite.py")
 done
 # shellcheck disable=SC2086
-.venv-compat/bin/python -m pytest "${compat_suites[@]}" -m "not newest_sdk" ${PYTEST_ARGS:-}
+.venv-compat/bin/python -m pytest "${compat_suites[@]}" -m "not newest_sdk and not server_only" \
+  ${PYTEST_ARGS:-}

@@ -95,6 +95,7 @@ def test_an_image_with_zstd_layers_is_unpacked(names, registry):
     assert_musl_hello_runs(Template().from_image(image), names())
 
 
+@pytest.mark.server_only
 def test_blobs_no_pull_used_lately_are_collected_at_start(names, registry, musl_image,
                                                           restarted):
     """Layer blobs are a download cache: a restart removes the ones no pull has used for a
@@ -139,6 +140,7 @@ def test_a_registry_at_a_private_address_needs_the_operator(names, registry):
     assert "private address" in text and "--insecure-registry 127.0.0.1:9" in text, text
 
 
+@pytest.mark.server_only
 def test_a_registry_cannot_send_the_pull_on_to_a_private_address(names, restarted):
     """A registry the operator allowed redirects its blob downloads to another port on
     loopback (a canary that records what reaches it). The server follows the redirect only

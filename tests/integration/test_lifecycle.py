@@ -380,6 +380,7 @@ class PoolWatch:
         raise AssertionError(f"{what}: {self.templates()}")
 
 
+@pytest.mark.server_only
 def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server, restarted):
     """`--pool-idle-secs`: a template nobody creates sandboxes of loses its pool (its idle
     sandboxes cost memory and CPU); a create still works (from the golden image) and makes
@@ -396,6 +397,7 @@ def test_an_unused_templates_pool_is_emptied_and_filled_again_when_wanted(server
     pools.wait_for(lambda pooled: len(pooled) >= 1, "base's pool was not filled again")
 
 
+@pytest.mark.server_only
 def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
     """A create that finds its template's pool empty makes the pool keep one more (up to
     `--pool-max`), so the next burst finds them ready; with no create finding it empty for
@@ -423,6 +425,7 @@ def test_a_pool_grows_with_demand_and_shrinks_back(server, restarted):
                    "base's pool did not shrink back to 2")
 
 
+@pytest.mark.server_only
 def test_the_pools_share_a_memory_budget(server, restarted):
     """`--pool-memory-mb`: the pools' ready sandboxes together hold at most about this much
     memory. With room for one (an idle sandbox holds about 20 MiB), one sandbox is pooled, and

@@ -106,6 +106,7 @@ def test_a_failing_step_fails_the_build_with_its_command_exit_code_and_output(na
     assert not Template.exists(name)
 
 
+@pytest.mark.server_only
 def test_a_step_that_fills_the_disk_is_stopped_and_the_server_carries_on(
         server, names, restarted):
     """The server keeps `--build-min-free-mb` free on the templates disk: a step that writes
@@ -133,6 +134,7 @@ def test_a_step_that_fills_the_disk_is_stopped_and_the_server_carries_on(
         sbx.kill()
 
 
+@pytest.mark.server_only
 def test_a_step_that_runs_past_its_timeout_fails_the_build(names, restarted):
     restarted("--build-step-timeout", "5")
     name = names()
@@ -489,6 +491,7 @@ def test_the_js_sdks_builder_builds_and_starts_a_template(server, names, tmp_pat
     assert result["stdout"].split() == ["/srv/site", "hello-from-js", "hello-from-js"], result
 
 
+@pytest.mark.server_only
 def test_files_nothing_uses_are_collected_at_start_and_used_ones_kept(names, restarted):
     """A rebuild leaves the old build startable by its id (among the 10 kept), so a restart keeps
     its layer. A deleted template's layer is still used while a paused sandbox runs on it: a
