@@ -231,8 +231,19 @@ impl NodeTable {
 
     /// The node for a new sandbox of `template` (its record's name): the least loaded of the
     /// healthy, ready ones that hold its golden image, unless that one is busier than the
-    /// least loaded of all by more than [`WARM_SLACK`]; else the least loaded of all.
+    /// least loaded of all by more than [`WARM_SLACK`]; else the least loaded of all. The
+    /// choice counts as load on that node until its next report.
     pub fn place_for(&self, template: Option<&str>) -> Result<NodeAddress, NoNode> {
+        self.choose(template, true)
+    }
+
+    /// A node for a request that starts no sandbox (a list, a template's or a key's API): the
+    /// least loaded of the healthy, ready ones, as `place` picks, but not counted as load.
+    pub fn pick(&self) -> Result<NodeAddress, NoNode> {
+        self.choose(None, false)
+    }
+
+    fn choose(&self, template: Option<&str>, counted: bool) -> Result<NodeAddress, NoNode> {
         let known = self.known.read().unwrap_or_else(|e| e.into_inner());
         let ready: Vec<&Known> = known.values().filter(|n| n.ready()).collect();
         let coolest =
@@ -242,7 +253,9 @@ impl NodeTable {
             Some(warm) if warm.load() <= coolest.load() + WARM_SLACK => warm,
             _ => coolest,
         };
-        best.placed.fetch_add(1, Ordering::Relaxed);
+        if counted {
+            best.placed.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(NodeAddress {
             name: best.name().unwrap_or_default().to_owned(),
             endpoint: best.endpoint.clone(),
@@ -388,6 +401,10 @@ mod tests {
             ("drained", 0, Draining, 0),
             ("quiet", 2, Ready, 0),
         ]);
+        // A request that starts no sandbox goes to the least loaded, and adds no load.
+        for _ in 0..5 {
+            assert_eq!(nodes.pick().unwrap().name, "idle");
+        }
         let picks: Vec<String> = (0..6).map(|_| nodes.place().unwrap().name).collect();
         // What was placed since the last poll counts: idle takes two, then they alternate.
         assert_eq!(picks, ["idle", "idle", "idle", "quiet", "idle", "quiet"]);

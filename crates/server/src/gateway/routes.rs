@@ -96,7 +96,7 @@ pub async fn handle(State(gw): State<GatewayState>, mut req: Request) -> Respons
     let route = Route::of(req.method(), req.uri().path());
     match route {
         Route::Health => (StatusCode::OK, "ok").into_response(),
-        Route::Open => match gw.nodes.place() {
+        Route::Open => match gw.nodes.pick() {
             Ok(node) => gw.forward.send(&node, req, None, Kind::Api).await,
             Err(e) => no_node(e),
         },
@@ -122,7 +122,7 @@ async fn with_caller(
             Ok((node, req)) => return gw.forward.send(&node, req, Some(&caller), Kind::Api).await,
             Err(e) => return e.into_response(),
         },
-        Route::AnyNode => gw.nodes.place(),
+        Route::AnyNode => gw.nodes.pick(),
         Route::Volume(id) => match node_of_volume(gw, &id).await {
             Ok(node) => Ok(node),
             Err(e) => return e.into_response(),
