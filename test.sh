@@ -44,14 +44,17 @@ if [ -z "${AIRLOCK_TEST_DATA_DIR:-}" ]; then
 fi
 export AIRLOCK_TEST_DATA_DIR
 
+# A step's heading, with how long the run has taken so far (where CI's time goes).
+phase() { echo "==> $* [$((SECONDS / 60))m$((SECONDS % 60))s in]"; }
+
 scripts/prepare.sh "$AIRLOCK_TEST_DATA_DIR"
 scripts/install-test-deps.sh
-echo "==> formatting and lints"
+phase "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
-echo "==> the Kubernetes manifests (rendered by kubectl kustomize, validated offline)"
+phase "the Kubernetes manifests (rendered by kubectl kustomize, validated offline)"
 .venv/bin/python -m pytest tests/deploy -q
-echo "==> unit tests"
+phase "unit tests"
 cargo test --locked --release --workspace --quiet
 # Runs the ignored unit tests named by FILTER (they need a server this script started), and
 # fails if none ran: a renamed test module must not make the step pass by running nothing.
@@ -62,25 +65,25 @@ ignored_tests() {
   grep "test result" <<<"$out"
   grep -q "test result: ok. [1-9]" <<<"$out" || { echo "no $what test ran" >&2; exit 1; }
 }
-echo "==> the store on PostgreSQL"
+phase "the store on PostgreSQL"
 postgres_dir=$(mktemp -d /var/tmp/airlock-postgres.XXXXXX)
 postgres_env=$(scripts/postgres.sh start "$postgres_dir")
 eval "$postgres_env"
 ignored_tests PostgreSQL postgres
 stop_postgres
-echo "==> object storage on a real S3 server (kept for the integration tests)"
+phase "object storage on a real S3 server (kept for the integration tests)"
 s3_dir=$(mktemp -d /var/tmp/airlock-s3.XXXXXX)
 s3_env=$(scripts/s3.sh start "$s3_dir")
 eval "$s3_env"
 ignored_tests S3 s3_
-echo "==> fuzz (bounded)"; scripts/fuzz.sh
-echo "==> integration tests"
+phase "fuzz (bounded)"; scripts/fuzz.sh
+phase "integration tests"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/integration ${PYTEST_ARGS:-}
-echo "==> many machines: two gateways and two nodes on this machine (scripts/cluster.sh)"
+phase "many machines: two gateways and two nodes on this machine (scripts/cluster.sh)"
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/cluster ${PYTEST_ARGS:-}
-echo "==> integration tests with the older SDKs of tests/requirements-compat.txt"
+phase "integration tests with the older SDKs of tests/requirements-compat.txt"
 # What differs between SDK versions is the SDK's own surface: sandboxes, commands, files, the code
 # interpreter, pause and resume, logs and metrics, templates and volumes. The suites of the server's
 # own guards (escapes, network, host, limits, tenants, quotas, restarts, pauses kept in memory)
@@ -94,3 +97,4 @@ done
 # shellcheck disable=SC2086
 .venv-compat/bin/python -m pytest "${compat_suites[@]}" -m "not newest_sdk and not server_only" \
   ${PYTEST_ARGS:-}
+phase "all passed"
