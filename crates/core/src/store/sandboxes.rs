@@ -408,6 +408,32 @@ impl SandboxRecords {
         Ok(self.db.execute(sql, &params).await? == 1)
     }
 
+    /// Marks killed (as [`SandboxRecords::stop_lost`] does) every running sandbox whose
+    /// timeout passed before `before` (Unix seconds) on a node not among `answering`: nobody
+    /// runs it, so nobody else ends it, and it would hold its key's quota for good. Rows of no
+    /// node and rows with a verb under way are left alone. How many were marked.
+    pub async fn stop_lost_past_timeout(
+        &self,
+        answering: &[String],
+        before: i64,
+    ) -> Result<u64, StoreError> {
+        let others: Vec<String> = (0..answering.len())
+            .map(|i| format!("${}", i + 2))
+            .collect();
+        let not_answering = match others.is_empty() {
+            true => String::new(),
+            false => format!("AND node NOT IN ({})", others.join(", ")),
+        };
+        let sql = format!(
+            "UPDATE sandboxes SET transition = 'stopping'
+             WHERE state = 'running' AND transition IS NULL AND node <> ''
+               AND end_at < CAST($1 AS BIGINT) {not_answering}"
+        );
+        let mut params: Vec<Value> = vec![before.into()];
+        params.extend(answering.iter().map(|n| Value::from(n.as_str())));
+        self.db.execute(&sql, &params).await
+    }
+
     /// After `node` (re)starts: forgets the creates it had not finished and the kills whose
     /// cleanup it had not (the orphan sweep destroys what is left of them), ends the pauses
     /// and resumes it was at (each is then as its state says), and takes the rows from before

@@ -146,6 +146,37 @@ pub(crate) async fn behaves(sandboxes: &SandboxRecords) {
     });
     let admitted = futures::future::join_all(racing).await;
     assert_eq!(admitted.iter().filter(|a| **a).count(), 3);
+
+    // Running sandboxes of a node that no longer answers are given up once their timeout
+    // passed (end_at 20 here), unless a verb is under way on them; those of answering nodes
+    // are their nodes' to end.
+    let lost = |id: &str, node: &str, slot: u32, end_at: i64| SandboxRecord {
+        node: node.into(),
+        end_at,
+        owner: Some("k4".into()),
+        ..record(id, slot)
+    };
+    let (expired, in_time, pausing) = (
+        lost("l1", "gone", 10, 20),
+        lost("l2", "gone", 11, 1000),
+        lost("l3", "gone", 12, 20),
+    );
+    let answering = lost("l4", "n1", 20, 20);
+    for r in [&expired, &in_time, &pausing, &answering] {
+        start(sandboxes, r).await;
+    }
+    assert!(sandboxes.begin_pause(&pausing.id, ROOMY).await.unwrap());
+    let n1 = ["n1".to_owned()];
+    assert_eq!(sandboxes.stop_lost_past_timeout(&n1, 20).await.unwrap(), 0);
+    assert_eq!(sandboxes.stop_lost_past_timeout(&n1, 21).await.unwrap(), 1);
+    assert_eq!(
+        ids(sandboxes.of_owner("k4").await.unwrap()),
+        ["l2", "l3", "l4"]
+    );
+    assert_eq!(sandboxes.stop_lost_past_timeout(&n1, 21).await.unwrap(), 0);
+    // With no node answering, every node's expired ones go: l4, and g7 of before.
+    assert_eq!(sandboxes.stop_lost_past_timeout(&[], 21).await.unwrap(), 2);
+    assert_eq!(ids(sandboxes.of_owner("k4").await.unwrap()), ["l2", "l3"]);
 }
 
 fn record(id: &str, slot: u32) -> SandboxRecord {

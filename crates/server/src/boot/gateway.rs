@@ -40,6 +40,7 @@ pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
         },
         signers: Default::default(),
     });
+    tokio::spawn(crate::gateway::lost::give_up_lost(state.clone()));
     // No body limit here: each node bounds what it takes, and sandbox traffic streams.
     // MCP is a client of the API: here, of this gateway, which forwards its calls.
     let mcp = crate::mcp::routes(state.store.clone(), super::loopback_url(opts.listen));

@@ -6,6 +6,7 @@
 
 mod dashboard;
 pub mod forward;
+pub mod lost;
 pub mod nodes;
 mod placement;
 pub mod routes;
