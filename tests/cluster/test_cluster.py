@@ -357,12 +357,33 @@ def test_a_drained_node_pauses_its_sandboxes_and_they_resume_elsewhere(cluster):
         assert node_of(cluster, fresh.sandbox_id) != drained
         # Its next request resumes it on another node (auto-resume), files and all.
         assert made[0].commands.run("cat /home/user/kept.txt").stdout == "through the drain"
-        assert node_of(cluster, made[0].sandbox_id) != drained
+        moved_to = node_of(cluster, made[0].sandbox_id)
+        assert moved_to != drained
+
+        # And back: paused where it moved, with a newer file; that node drains, and the first
+        # one, ready again, takes it over. It resumes from the newer pause, not from what the
+        # first node kept of the older one (its record, its image on disk).
+        made[0].files.write("/home/user/kept.txt", "after the move")
+        made[0].pause()
+        set_status(cluster, drained, "undrain")
+        wait_for(lambda: node_status(cluster, drained) == "ready", 5, f"{drained} ready again")
+        set_status(cluster, moved_to, "drain")
+        wait_for(lambda: node_status(cluster, moved_to) == "draining", 5, f"{moved_to} draining")
+        back = Sandbox.connect(made[0].sandbox_id, **cluster.sdk(gateway=1))
+        assert node_of(cluster, made[0].sandbox_id) == drained
+        assert back.commands.run("cat /home/user/kept.txt").stdout == "after the move"
     finally:
-        cluster.airlock_cli("--url", cluster.gateways[0], "--api-key", cluster.operator,
-                            "node", "undrain", drained)
+        for node in ("node-1", "node-2"):
+            set_status(cluster, node, "undrain")
         kill_all(made)
-    wait_for(lambda: node_status(cluster, drained) == "ready", 5, f"{drained} ready again")
+    for node in ("node-1", "node-2"):
+        wait_for(lambda: node_status(cluster, node) == "ready", 5, f"{node} ready again")
+
+
+def set_status(cluster, node, verb):
+    """`airlock node drain|undrain NODE` through the first gateway."""
+    cluster.airlock_cli("--url", cluster.gateways[0], "--api-key", cluster.operator,
+                        "node", verb, node)
 
 
 def wait_for(condition, timeout, what):

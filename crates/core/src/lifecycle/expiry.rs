@@ -181,14 +181,20 @@ impl Lifecycle {
     }
 
     /// Runs the expiry loop until `stop` fires; each round also keeps the parked runtimes of
-    /// paused sandboxes within their budget.
+    /// paused sandboxes within their budget, and every 40th (10 s) forgets the paused
+    /// sandboxes other nodes took over.
     pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut rounds = 0u32;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     self.reap_expired();
                     self.evict_parked();
+                    rounds = rounds.wrapping_add(1);
+                    if rounds.is_multiple_of(40) {
+                        self.forget_taken_over().await;
+                    }
                 }
                 _ = stop.cancelled() => return,
             }

@@ -118,15 +118,18 @@ impl Lifecycle {
     }
 
     /// Deletes paused and snapshot images that no record names (a crash between writing an
-    /// image and recording it, or between forgetting a record and deleting its image).
+    /// image and recording it, or between forgetting a record and deleting its image). With
+    /// object storage, a paused image names only the sandboxes paused on this node: one of
+    /// another node was taken over there, and the copy here is of an older pause.
     async fn sweep_images(&self) -> Result<(), LifecycleError> {
+        let shared = self.shares_images();
         let mut named: HashSet<String> = self
             .store
             .sandboxes()
             .all()
             .await?
             .iter()
-            .filter(|r| r.state == SandboxState::Paused)
+            .filter(|r| r.state == SandboxState::Paused && (r.node == self.node || !shared))
             .map(|r| paused_image(&r.id))
             .collect();
         named.extend(

@@ -12,11 +12,12 @@
 //! succeeds (the image stays on this node's disk only, and the failure is logged and counted).
 
 use super::sandbox::{Phase, Sandbox};
-use super::{Lifecycle, LifecycleError};
+use super::{paused_image, Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
 use crate::objects::ImageObjects;
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
 use crate::volumes::VolumeError;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -51,6 +52,11 @@ impl Lifecycle {
     /// store was set already.
     pub fn use_object_store(&self, objects: ImageObjects) -> bool {
         self.remote.objects.set(objects).is_ok()
+    }
+
+    /// Whether paused images go to object storage, where other nodes take them over.
+    pub(super) fn shares_images(&self) -> bool {
+        self.remote.objects.get().is_some()
     }
 
     /// What went to and from object storage.
@@ -202,6 +208,64 @@ impl Lifecycle {
     }
 }
 
+impl Lifecycle {
+    /// Whether paused `sandbox`, known to this node, is still this node's. Another node takes
+    /// a paused sandbox over when this one is draining or does not answer, resumes it there,
+    /// and may pause it again: then this node's copy (its record, its image on disk, its
+    /// parked runtime) is of an older pause, and is forgotten here so that nothing resumes it.
+    async fn still_ours(&self, sandbox: &Arc<Sandbox>) -> Result<bool, LifecycleError> {
+        if !self.shares_images() {
+            return Ok(true); // no other node can take it
+        }
+        let row = self.store.sandboxes().get(sandbox.id()).await?;
+        if row.is_some_and(|r| r.node == self.node) {
+            return Ok(true);
+        }
+        // A verb at work on it here (a kill, say) finishes first.
+        let Some(_verb) = sandbox.try_lock_verb() else {
+            return Ok(true);
+        };
+        let id = sandbox.id().clone();
+        tracing::info!(sandbox = %id, "another node took this paused sandbox over; forgetting this node's copy");
+        sandbox.set_phase(Phase::Stopping, None);
+        self.sandboxes.remove(&id);
+        self.let_parked_go(sandbox);
+        self.driver
+            .delete_image(&paused_image(&id))
+            .await
+            .map_err(LifecycleError::Driver)?;
+        Ok(false)
+    }
+
+    /// Forgets the paused sandboxes in this node's memory that another node took over
+    /// meanwhile (see `still_ours`), so that they leave this node's overview and parked
+    /// runtimes even if no request for them comes here.
+    pub(super) async fn forget_taken_over(&self) {
+        if !self.shares_images() {
+            return; // no other node can take one
+        }
+        let paused: Vec<Arc<Sandbox>> = (self.sandboxes.all().into_iter())
+            .filter(|s| s.phase() == Phase::Paused)
+            .collect();
+        if paused.is_empty() {
+            return;
+        }
+        // Read after the sandboxes above: one taken over by this node meanwhile is in both.
+        let ours: HashSet<SandboxId> = match self.store.sandboxes().of_node(&self.node).await {
+            Ok(rows) => rows.into_iter().map(|r| r.id).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading this node's sandboxes failed");
+                return;
+            }
+        };
+        for sandbox in paused.iter().filter(|s| !ours.contains(s.id())) {
+            if let Err(e) = self.still_ours(sandbox).await {
+                tracing::warn!(sandbox = %sandbox.id(), error = %e, "forgetting a sandbox another node took over failed");
+            }
+        }
+    }
+}
+
 /// Where a snapshot's image is in object storage: its name is unique per owner already.
 fn snapshot_prefix(image: &str) -> String {
     format!("snapshots/{image}")
@@ -273,8 +337,10 @@ impl Lifecycle {
     /// and traffic here when its own node does not answer.
     pub async fn record_or_adopt(&self, id: &str) -> Result<Arc<SandboxRecord>, LifecycleError> {
         let not_found = || LifecycleError::SandboxNotFound(id.to_owned());
-        if let Ok(record) = self.record(id) {
-            return Ok(record);
+        if let Ok(sandbox) = self.find(id) {
+            if sandbox.phase() != Phase::Paused || self.still_ours(&sandbox).await? {
+                return Ok(sandbox.record());
+            }
         }
         let Ok(parsed) = SandboxId::parse(id) else {
             return Err(not_found());
@@ -309,6 +375,15 @@ impl Lifecycle {
                 .map_err(|_| LifecycleError::Busy(id.to_owned()));
         }
         tracing::info!(sandbox = id, from = %record.node, "taking over a paused sandbox of another node");
+        // An image of it on this disk is from an earlier stay here: the latest pause is the
+        // one in object storage.
+        let image = paused_image(&parsed);
+        if self.driver.has_image(&image) {
+            self.driver
+                .delete_image(&image)
+                .await
+                .map_err(LifecycleError::Driver)?;
+        }
         record.node = self.node.clone();
         let sandbox = Sandbox::new(record, Phase::Paused, None);
         let record = sandbox.record();

@@ -29,3 +29,59 @@ async fn a_pause_whose_upload_fails_still_pauses_and_counts_the_failure() {
         "its own image was on disk"
     );
 }
+
+#[tokio::test]
+async fn a_paused_sandbox_another_node_took_over_is_forgotten_here() {
+    let driver = Arc::new(RecordingDriver::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
+    let objects = Arc::new(object_store::memory::InMemory::new());
+    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let kept = lc.create(params()).await.unwrap().id().clone();
+    let moved = lc.create(params()).await.unwrap().id().clone();
+    let quiet = lc.create(params()).await.unwrap().id().clone();
+    for id in [&kept, &moved, &quiet] {
+        lc.pause(id.as_str(), PauseMode::Full, false).await.unwrap();
+    }
+    // Another node takes one over (as `record_or_adopt` there does), and may pause it again.
+    assert!(store
+        .sandboxes()
+        .move_paused(&moved, NODE, "other-node")
+        .await
+        .unwrap());
+
+    // Still this node's: served as before, image and all.
+    assert_eq!(lc.record_or_adopt(kept.as_str()).await.unwrap().id, kept);
+    assert!(driver.has_image(&paused_image(&kept)));
+    // Taken over: this node's copy is of an older pause. It is forgotten, so it cannot be
+    // resumed here (nor taken back: this test's other node put no image in object storage).
+    assert!(lc.record_or_adopt(moved.as_str()).await.is_err());
+    assert!(
+        !driver.has_image(&paused_image(&moved)),
+        "its old image is gone"
+    );
+    assert!(
+        lc.record(moved.as_str()).is_err(),
+        "and so is its record here"
+    );
+    assert!(lc
+        .resume(moved.as_str(), None, PauseMode::Full)
+        .await
+        .is_err());
+    assert_eq!(
+        store.sandboxes().get(&moved).await.unwrap().unwrap().node,
+        "other-node",
+        "the catalog's row is the other node's, untouched"
+    );
+
+    // One taken over that no request asks this node for is forgotten by the reaper's rounds.
+    assert!(store
+        .sandboxes()
+        .move_paused(&quiet, NODE, "other-node")
+        .await
+        .unwrap());
+    assert!(lc.record(quiet.as_str()).is_ok());
+    lc.forget_taken_over().await;
+    assert!(lc.record(quiet.as_str()).is_err());
+    assert!(!driver.has_image(&paused_image(&quiet)));
+    assert!(lc.record(kept.as_str()).is_ok(), "its own stays");
+}
