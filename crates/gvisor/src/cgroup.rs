@@ -117,9 +117,7 @@ impl Cgroups {
     /// it. One that has not stopped within `FREEZE_WAIT` is thawed again and reported: a
     /// sandbox is either frozen or running, never half of each.
     pub(crate) fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), DriverError> {
-        let Some(freezer) = Freezer::of(&Path::new(CGROUP_ROOT).join("freezer"), &self.parent, id)
-            .or_else(|| Freezer::of(Path::new(CGROUP_ROOT), &self.parent, id))
-        else {
+        let Some(freezer) = Freezer::of(&self.parent, id) else {
             return Ok(());
         };
         freezer.request(frozen)?;
@@ -222,13 +220,20 @@ enum Freezer {
 }
 
 impl Freezer {
-    /// The freezer of `parent/id` under `root`, if that cgroup has one.
-    fn of(root: &Path, parent: &str, id: &str) -> Option<Freezer> {
-        let dir = root.join(parent).join(id);
-        if dir.join("freezer.state").exists() {
-            Some(Freezer::V1(dir.join("freezer.state")))
-        } else if dir.join("cgroup.freeze").exists() {
-            Some(Freezer::V2(dir))
+    /// The freezer of cgroup `parent/id`: v1's under the freezer controller, else v2's under
+    /// the unified root; `None` if it has neither.
+    fn of(parent: &str, id: &str) -> Option<Freezer> {
+        let root = Path::new(CGROUP_ROOT);
+        let v1 = root
+            .join("freezer")
+            .join(parent)
+            .join(id)
+            .join("freezer.state");
+        let v2 = root.join(parent).join(id);
+        if v1.exists() {
+            Some(Freezer::V1(v1))
+        } else if v2.join("cgroup.freeze").exists() {
+            Some(Freezer::V2(v2))
         } else {
             None
         }

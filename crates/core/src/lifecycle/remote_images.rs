@@ -377,13 +377,10 @@ impl Lifecycle {
         tracing::info!(sandbox = id, from = %record.node, "taking over a paused sandbox of another node");
         // An image of it on this disk is from an earlier stay here: the latest pause is the
         // one in object storage.
-        let image = paused_image(&parsed);
-        if self.driver.has_image(&image) {
-            self.driver
-                .delete_image(&image)
-                .await
-                .map_err(LifecycleError::Driver)?;
-        }
+        self.driver
+            .delete_image(&paused_image(&parsed))
+            .await
+            .map_err(LifecycleError::Driver)?;
         record.node = self.node.clone();
         let sandbox = Sandbox::new(record, Phase::Paused, None);
         let record = sandbox.record();
