@@ -10,7 +10,8 @@
 #       prints only `export ...` lines, to eval: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (a
 #       tenant's key) of the first gateway (of the first node with --gateways 0),
 #       AIRLOCK_GATEWAYS and AIRLOCK_NODES (URLs, space-separated), AIRLOCK_OPERATOR_KEY and
-#       AIRLOCK_CLUSTER_DIR, and AIRLOCK_CLUSTER_DATABASE_URL (for `airlock key --database`).
+#       AIRLOCK_CLUSTER_DIR, and AIRLOCK_CLUSTER_DATABASE_URL and AIRLOCK_CLUSTER_DATABASE_CA (for
+#       `airlock key --database ... --database-ca ...`: PostgreSQL takes TLS connections only).
 #       Everything else goes to stderr; logs are in DIR/logs/NAME.log.
 #   scripts/cluster.sh stop-node NAME [--dir DIR]
 #       kills node NAME (e.g. node-1) and all of its sandboxes at once, as a power loss would
@@ -96,7 +97,8 @@ node_netns_up() {
 
 # `airlock` on the cluster's PostgreSQL, as the operator would run it (key create, ...).
 admin() {
-  "$AIRLOCK" --data-dir "$dir/admin" --database "$PGURL" "$@" 2>>"$dir/logs/admin.log" ||
+  "$AIRLOCK" --data-dir "$dir/admin" --database "$PGURL" --database-ca "$PGCA" "$@" \
+    2>>"$dir/logs/admin.log" ||
     { tail -n 5 "$dir/logs/admin.log" >&2; return 1; }
 }
 
@@ -123,7 +125,7 @@ wait_healthy() {
 start_node() {
   local name=$1 own
   local node=(nsenter --net="/run/netns/alc-$name" -- "$AIRLOCK"
-    --data-dir "$dir/$name" --database "$PGURL"
+    --data-dir "$dir/$name" --database "$PGURL" --database-ca "$PGCA"
     serve --role node --cluster-secret-file "$dir/cluster-secret"
     --node-name "$name" --instance "$name"
     --listen 0.0.0.0:3000 --object-store "$S3URL")
@@ -144,7 +146,7 @@ start_gateway() {
   local name=$1 port nodes
   port=$(gateway_port "$name")
   nodes=$(cat "$dir/node-endpoints")
-  setsid "$AIRLOCK" --data-dir "$dir/$name" --database "$PGURL" \
+  setsid "$AIRLOCK" --data-dir "$dir/$name" --database "$PGURL" --database-ca "$PGCA" \
     serve --role gateway --listen "127.0.0.1:$port" --nodes "$nodes" \
     --cluster-secret-file "$dir/cluster-secret" \
     >"$dir/logs/$name.log" 2>&1 </dev/null &
@@ -258,13 +260,14 @@ up() {
     node_netns_up "node-$i"
   done
   local exports key operator
-  exports=$(scripts/postgres.sh start "$dir/postgres" "" "$HOST_ADDR/24")
+  # TLS only, as a managed PostgreSQL would be: every gateway and node verifies it.
+  exports=$(POSTGRES_TLS=1 scripts/postgres.sh start "$dir/postgres" "" "$HOST_ADDR/24")
   eval "$exports"
-  PGURL=$AIRLOCK_TEST_POSTGRES_URL
+  PGURL=$AIRLOCK_TEST_POSTGRES_URL PGCA=$AIRLOCK_TEST_POSTGRES_CA
   exports=$(scripts/s3.sh start "$dir/s3" "" "$HOST_ADDR")
   eval "$exports"
   S3URL=$AIRLOCK_TEST_S3_URL
-  (umask 077 && printf 'PGURL=%q\nS3URL=%q\n' "$PGURL" "$S3URL" >"$dir/env")
+  (umask 077 && printf 'PGURL=%q\nPGCA=%q\nS3URL=%q\n' "$PGURL" "$PGCA" "$S3URL" >"$dir/env")
   (umask 077 && head -c 32 /dev/urandom | base64 >"$dir/cluster-secret")
   key=$(admin key create --name cluster-tenant)
   operator=$(admin key create --operator --name cluster-operator)
@@ -301,6 +304,7 @@ up() {
   echo "export AIRLOCK_CLUSTER_DIR=$dir"
   # Not AIRLOCK_DATABASE_URL, which an `airlock serve` started in the same shell would take.
   printf 'export AIRLOCK_CLUSTER_DATABASE_URL=%q\n' "$PGURL"
+  printf 'export AIRLOCK_CLUSTER_DATABASE_CA=%q\n' "$PGCA"
 }
 
 # Everything `up` made, whatever state it is in; each step is a no-op once done.

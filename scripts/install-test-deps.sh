@@ -7,12 +7,13 @@
 # scripts/postgres.sh in a directory of its own) for the store's PostgreSQL tests, and s3s-fs
 # (crates.io, built once by scripts/s3.sh) as a real S3 server for the object storage's tests,
 # and kubectl (Debian's `kubernetes-client`, unless one is on PATH already) to render
-# deploy/kubernetes for tests/deploy.
+# deploy/kubernetes for tests/deploy, and openssl, which makes the certificates of the cluster
+# tests' TLS-only PostgreSQL.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
 missing=()
-for pkg in docker-registry skopeo umoci musl-tools apache2-utils chromium postgresql; do
+for pkg in docker-registry skopeo umoci musl-tools apache2-utils chromium postgresql openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 command -v kubectl >/dev/null || missing+=(kubernetes-client)

@@ -29,20 +29,22 @@ class Cluster:
                               capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "AIRLOCK_CLUSTER_DIR": str(self.dir)})
 
+    def run_airlock(self, *args):
+        """`airlock ARGS` with a scratch data dir of the cluster's; the finished process."""
+        return subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
+                               str(self.dir / "cli"), *args],
+                              capture_output=True, text=True, timeout=60)
+
     def airlock_cli(self, *args):
         """`airlock ARGS` as a client of a gateway (pass --url and --api-key)."""
-        out = subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
-                              str(self.dir / "cli"), *args],
-                             capture_output=True, text=True, timeout=60)
+        out = self.run_airlock(*args)
         assert out.returncode == 0, out.stderr
         return out.stdout
 
     def airlock(self, *args):
-        """`airlock ARGS` on the cluster's PostgreSQL (keys live there)."""
-        out = subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
-                              str(self.dir / "cli"), "--database",
-                              self.env["AIRLOCK_CLUSTER_DATABASE_URL"], *args],
-                             capture_output=True, text=True, timeout=60)
+        """`airlock ARGS` on the cluster's PostgreSQL (keys live there), which takes TLS only."""
+        out = self.run_airlock("--database", self.env["AIRLOCK_CLUSTER_DATABASE_URL"],
+                               "--database-ca", self.env["AIRLOCK_CLUSTER_DATABASE_CA"], *args)
         assert out.returncode == 0, out.stderr
         return out.stdout
 

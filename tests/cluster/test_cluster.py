@@ -3,6 +3,7 @@ PostgreSQL and an S3 server, each with templates of its own (node-2 fetches them
 gateway and then a node."""
 
 import concurrent.futures
+import subprocess
 import time
 import uuid
 
@@ -52,6 +53,32 @@ def test_nodes_answer_only_gateways(cluster):
     assert status == 200 and b'"nodeID":"node-1"' in body, body
     status, _, _ = fetch(node + "/health")
     assert status == 200
+
+
+def test_the_state_database_is_reached_over_verified_tls_only(cluster):
+    """The cluster's PostgreSQL takes TLS connections only, and every gateway's and node's
+    connection to it is TLS. The controls: without the CA the server's certificate is refused,
+    and a plain connection is refused by the server."""
+    url = cluster.env["AIRLOCK_CLUSTER_DATABASE_URL"]
+    ca = cluster.env["AIRLOCK_CLUSTER_DATABASE_CA"]
+    assert "sslmode=require" in url
+    assert "cluster-tenant" in cluster.airlock("key", "ls")
+    untrusted = cluster.run_airlock("--database", url, "key", "ls")
+    assert untrusted.returncode == 1 and "UnknownIssuer" in untrusted.stderr, untrusted.stderr
+    plain = cluster.run_airlock("--database", url.replace("sslmode=require", "sslmode=disable"),
+                                "key", "ls")
+    assert plain.returncode == 1 and "no encryption" in plain.stderr, plain.stderr
+
+    query = ("SELECT host(client_addr), ssl FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) "
+             "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+    psql = subprocess.run(["psql", f"{url} sslmode=verify-full sslrootcert={ca}", "-AtF", " ",
+                           "-c", query], capture_output=True, text=True, timeout=30)
+    assert psql.returncode == 0, psql.stderr
+    rows = [line.split() for line in psql.stdout.splitlines()]
+    # Nodes connect from their own addresses (10.78.0.11, .12), gateways from one of the host's.
+    nodes = {"10.78.0.11", "10.78.0.12"}
+    assert nodes <= {addr for addr, _ in rows} and any(a not in nodes for a, _ in rows), rows
+    assert all(ssl == "t" for _, ssl in rows), rows
 
 
 def test_creates_spread_over_the_nodes(cluster):

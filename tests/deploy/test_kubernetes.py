@@ -189,6 +189,7 @@ def test_the_placeholders_never_start_and_an_overlay_replaces_them(docs, tmp_pat
         "AWS_REGION": "eu-west-1",
         "AWS_ACCESS_KEY_ID": "id",
         "AWS_SECRET_ACCESS_KEY": "key",
+        "AIRLOCK_DATABASE_CA": "/etc/airlock-database-ca/ca.pem",
     }
     (tmp_path / "secrets.env").write_text("".join(f"{k}={v}\n" for k, v in mine.items()))
     # The overlay README.md shows; `bases:` so that Debian's kubectl 1.20 reads it too.
@@ -216,3 +217,11 @@ secretGenerator:
                 if "secretKeyRef" in e.get("valueFrom", {})]
         refs += [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
         assert refs and set(refs) == {secret_name}
+        # The ConfigMap the operator may make (README.md) is mounted, if it exists, where
+        # AIRLOCK_DATABASE_CA (from the Secret, if set) points.
+        (ca,) = [v for v in pod["spec"]["volumes"] if "configMap" in v]
+        assert ca["configMap"] == {"name": "airlock-database-ca", "optional": True}
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == ca["name"]]
+        assert os.path.dirname(mine["AIRLOCK_DATABASE_CA"]) == mount["mountPath"]
+        (env,) = [e for e in container["env"] if e["name"] == "AIRLOCK_DATABASE_CA"]
+        assert env["valueFrom"]["secretKeyRef"]["optional"] is True

@@ -19,6 +19,7 @@ pub(crate) mod migrations;
 mod paused_images;
 #[cfg(test)]
 mod postgres_tests;
+mod postgres_tls;
 mod sandboxes;
 #[cfg(test)]
 mod sandboxes_tests;
@@ -61,6 +62,8 @@ pub enum StoreError {
     Pool(String),
     #[error("PostgreSQL cannot be reached: {0}")]
     Unavailable(String),
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(String),
 }
 
 impl StoreError {
@@ -79,6 +82,15 @@ impl StoreError {
             _ => false,
         }
     }
+}
+
+/// A PostgreSQL to keep the state in, for many machines (`--database`, `--database-ca`).
+#[derive(Debug, Clone)]
+pub struct Database {
+    /// `postgres://user:password@host/db`, or `host=... user=...` pairs.
+    pub url: String,
+    /// A PEM file of the CA that signs the server's certificate: TLS is required with one.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 pub struct Store {
@@ -116,11 +128,12 @@ impl Store {
         Ok(Store::on(db::Db::Sqlite(Arc::new(Mutex::new(conn)))))
     }
 
-    /// Connects to the PostgreSQL that `url` names (`postgres://user:password@host/db`, or
-    /// `host=... user=...` pairs) and brings its schema up to date.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let config: tokio_postgres::Config = url.parse()?;
-        Ok(Store::on(db::Db::migrated_postgres(config).await?))
+    /// Connects to `database` over verified TLS if its URL says `sslmode=require` or it names
+    /// a CA ([`postgres_tls`]), and brings its schema up to date.
+    pub async fn connect(database: &Database) -> Result<Self, StoreError> {
+        let mut config = postgres_tls::parse_url(&database.url)?;
+        let tls = postgres_tls::tls_for(&mut config, database.ca.as_deref())?;
+        Ok(Store::on(db::Db::migrated_postgres(config, tls).await?))
     }
 
     fn on(db: db::Db) -> Store {

@@ -8,7 +8,7 @@
 //! with what to fix.
 //! New directories are made 0700 and the database and key files 0600.
 
-use airlock_core::store::Store;
+use airlock_core::store::{Database, Store};
 use anyhow::{bail, Context};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -63,10 +63,10 @@ impl DataDir {
 
     /// The state: the data dir's own SQLite file (one box), or the PostgreSQL that `database`
     /// names (`--database`, for many machines).
-    pub async fn store(&self, database: Option<&str>) -> anyhow::Result<Store> {
+    pub async fn store(&self, database: Option<&Database>) -> anyhow::Result<Store> {
         match database {
             None => Store::open(&self.db()).context("opening the state database"),
-            Some(url) => Store::connect(url)
+            Some(database) => Store::connect(database)
                 .await
                 .context("opening the state database in the PostgreSQL that --database names"),
         }

@@ -3,6 +3,7 @@
 use airlock_core::build::BuildLimits;
 use airlock_core::driver::Resources;
 use airlock_core::lifecycle::{KeyQuota, Limits, OnExit};
+use airlock_core::store::Database;
 use airlock_core::volumes::VolumeLimits;
 use airlock_server::client::Client;
 use airlock_server::cluster::Role;
@@ -50,6 +51,18 @@ struct Cli {
         hide_env_values = true
     )]
     database: Option<String>,
+    /// A PEM file of the CA that signs the certificate of the PostgreSQL --database names:
+    /// with it, the connection is TLS, verified against this CA and the system's. Without it,
+    /// TLS is used when --database says `sslmode=require` (verified against the system's CAs,
+    /// as libpq's `verify-full`), and plain text otherwise.
+    #[arg(
+        long,
+        global = true,
+        env = "AIRLOCK_DATABASE_CA",
+        value_name = "FILE",
+        requires = "database"
+    )]
+    database_ca: Option<PathBuf>,
     /// The server to talk to (client commands).
     #[arg(
         long,
@@ -68,6 +81,16 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+impl Cli {
+    /// The PostgreSQL that --database (and --database-ca) name, if any.
+    fn postgres(&self) -> Option<Database> {
+        Some(Database {
+            url: self.database.clone()?,
+            ca: self.database_ca.clone(),
+        })
+    }
 }
 
 /// `airlock serve`'s flags for template builds: how long, how many, how much disk.
@@ -463,6 +486,7 @@ fn data_dir(root: &Path, templates: Option<&Path>) -> Result<DataDir, cli::CliEr
 
 async fn run(cli: Cli) -> ExitCode {
     let client = || Client::new(&cli.url, cli.api_key.clone(), &cli.data_dir);
+    let postgres = cli.postgres();
     let result = match cli.command {
         Command::Serve {
             listen,
@@ -506,7 +530,7 @@ async fn run(cli: Cli) -> ExitCode {
         } => async {
             let cluster_secret = cluster.secret()?;
             if cluster.role == Role::Gateway {
-                let (Some(database), Some(secret)) = (cli.database.clone(), cluster_secret) else {
+                let (Some(database), Some(secret)) = (postgres.clone(), cluster_secret) else {
                     anyhow::bail!(
                         "a gateway needs --database (the PostgreSQL its nodes share) and \
                          --cluster-secret-file (the secret they hold)"
@@ -548,7 +572,7 @@ async fn run(cli: Cli) -> ExitCode {
                 domain,
                 node_name: node_name.unwrap_or_else(host_node_name),
                 instance: instance.unwrap_or_default(),
-                database: cli.database.clone(),
+                database: postgres.clone(),
                 object_store,
                 role: cluster.role,
                 cluster_secret,
@@ -642,7 +666,7 @@ async fn run(cli: Cli) -> ExitCode {
             cli::TemplateJob::Build(build) => cli::template_build(client(), build).await,
             cli::TemplateJob::List { json } => {
                 match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
-                    Ok(data) => cli::template_ls(&data, cli.database.as_deref(), json).await,
+                    Ok(data) => cli::template_ls(&data, postgres.as_ref(), json).await,
                     Err(e) => Err(e),
                 }
             }
@@ -653,7 +677,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
         Command::Key(cmd) => match data_dir(&cli.data_dir, cli.templates_dir.as_deref()) {
-            Ok(data) => cli::key(cmd, &data, cli.database.as_deref()).await,
+            Ok(data) => cli::key(cmd, &data, postgres.as_ref()).await,
             Err(e) => Err(e),
         },
         Command::Run {

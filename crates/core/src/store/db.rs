@@ -4,6 +4,7 @@
 //! set makes alike on both (`BIGINT`, `TEXT`). Parameters and columns are integers, text or
 //! NULL.
 
+use super::postgres_tls::Tls;
 use super::StoreError;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use std::borrow::Cow;
@@ -21,13 +22,20 @@ pub enum Db {
     Postgres(deadpool_postgres::Pool),
 }
 
-/// A pool of connections to the PostgreSQL that `config` names. A request never waits longer
-/// than [`WAIT`] for a connection: a database that is down answers as unavailable.
-fn pool(mut config: tokio_postgres::Config) -> Result<deadpool_postgres::Pool, StoreError> {
+/// A pool of connections to the PostgreSQL that `config` names, made as `tls` says. A request
+/// never waits longer than [`WAIT`] for a connection: a database that is down answers as
+/// unavailable.
+fn pool(
+    mut config: tokio_postgres::Config,
+    tls: Tls,
+) -> Result<deadpool_postgres::Pool, StoreError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(WAIT);
     }
-    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    let manager = match tls {
+        Tls::Plain => deadpool_postgres::Manager::new(config, tokio_postgres::NoTls),
+        Tls::Verified(tls) => deadpool_postgres::Manager::new(config, tls),
+    };
     deadpool_postgres::Pool::builder(manager)
         .max_size(16)
         .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -105,16 +113,19 @@ impl Row<'_> {
 }
 
 impl Db {
-    /// PostgreSQL through a [`pool`] of connections to the one `config` names.
+    /// PostgreSQL through a [`pool`] of plain connections to the one `config` names.
     pub fn postgres(config: tokio_postgres::Config) -> Result<Db, StoreError> {
-        Ok(Db::Postgres(pool(config)?))
+        Ok(Db::Postgres(pool(config, Tls::Plain)?))
     }
 
     /// [`Db::postgres`], with the schema brought up to date ([`super::migrations`]) one
     /// process at a time: gateways and nodes that start together would otherwise race to
     /// apply the same files.
-    pub async fn migrated_postgres(config: tokio_postgres::Config) -> Result<Db, StoreError> {
-        let pool = pool(config)?;
+    pub(super) async fn migrated_postgres(
+        config: tokio_postgres::Config,
+        tls: Tls,
+    ) -> Result<Db, StoreError> {
+        let pool = pool(config, tls)?;
         // Any number will do, as long as nothing else on the database takes the same lock.
         const MIGRATION_LOCK: i64 = 0x0061_6972_6c6f_636b;
         let mut client = pool.get().await.map_err(pool_error)?;

@@ -5,7 +5,7 @@ use crate::cluster::ClusterSecret;
 use crate::gateway::forward::Forwarder;
 use crate::gateway::nodes::{node_client, NodeTable};
 use crate::gateway::{routes, Gateway};
-use airlock_core::store::Store;
+use airlock_core::store::{Database, Store};
 use anyhow::Context;
 use axum::Router;
 use std::net::SocketAddr;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 pub struct GatewayOptions {
     pub listen: SocketAddr,
     /// The PostgreSQL the nodes keep their state in.
-    pub database: String,
+    pub database: Database,
     /// `--nodes`: `host:port` entries, each a node or a name with a node at every address.
     pub nodes: Vec<String>,
     pub secret: ClusterSecret,

@@ -18,7 +18,7 @@ use crate::{http, proxy, AppState, AppStateInner};
 use airlock_core::build::{BuildLimits, BuildOptions, Builder};
 use airlock_core::driver::Driver;
 use airlock_core::lifecycle::{Lifecycle, Limits, OnExit};
-use airlock_core::store::Store;
+use airlock_core::store::{Database, Store};
 use anyhow::{bail, Context};
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -66,7 +66,7 @@ pub struct ServeOptions {
     /// Whose host-wide names the sandboxes get (several servers on one host).
     pub instance: airlock_gvisor::Instance,
     /// The PostgreSQL that keeps the state (`None`: the data dir's SQLite file).
-    pub database: Option<String>,
+    pub database: Option<Database>,
     /// What a stop does to running sandboxes.
     pub on_exit: OnExit,
     /// Webhooks may be sent to loopback, link-local and private addresses.
@@ -94,7 +94,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     };
     airlock_netd::raise_open_files_limit();
     let data = DataDir::open(&opts.data_dir, opts.templates_dir.as_deref())?;
-    let store = Arc::new(data.store(opts.database.as_deref()).await?);
+    let store = Arc::new(data.store(opts.database.as_ref()).await?);
     let key = ensure_api_key(&store, &data).await?;
     let agent_binary = find_binary("airlock-agent", opts.agent_binary)?;
     let agent_is_static = is_static_executable(&agent_binary)

@@ -3,7 +3,7 @@
 use super::{open_store, print_rows, rfc3339, CliError};
 use crate::data_dir::DataDir;
 use airlock_core::keys::{hash_key, new_api_key};
-use airlock_core::store::KeyLimits;
+use airlock_core::store::{Database, KeyLimits};
 use clap::Subcommand;
 use std::process::ExitCode;
 
@@ -48,7 +48,7 @@ pub enum KeyCommand {
 pub async fn key(
     cmd: KeyCommand,
     data: &DataDir,
-    database: Option<&str>,
+    database: Option<&Database>,
 ) -> Result<ExitCode, CliError> {
     let store = open_store(data, database).await?;
     let keys = store.keys();

@@ -18,7 +18,7 @@ pub use template::{template_build, template_cancel, template_ls, TemplateCommand
 use crate::client::ClientError;
 use crate::data_dir::DataDir;
 use crate::term;
-use airlock_core::store::Store;
+use airlock_core::store::{Database, Store};
 use std::process::ExitCode;
 
 /// `NAME=VALUE`, as `--build-arg`, `--env` and `--metadata` take it.
@@ -114,6 +114,6 @@ fn rfc3339(unix: i64) -> String {
 }
 
 /// The data dir's state, or the PostgreSQL that `database` names (`--database`).
-async fn open_store(data: &DataDir, database: Option<&str>) -> Result<Store, CliError> {
+async fn open_store(data: &DataDir, database: Option<&Database>) -> Result<Store, CliError> {
     data.store(database).await.map_err(CliError::Other)
 }

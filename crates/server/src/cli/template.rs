@@ -8,6 +8,7 @@ use crate::client::{percent_encode, Client};
 use crate::data_dir::DataDir;
 use crate::dockerfile::context::{wire_steps, Packed};
 use crate::term;
+use airlock_core::store::Database;
 use airlock_core::template::KNOWN_TEMPLATES;
 use airlock_wire::templates::{
     BuildStatusBody, TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart,
@@ -297,7 +298,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CliError> {
 /// the built-ins, and each tagged build of a user template as `name:tag` (every key's).
 pub async fn template_ls(
     data: &DataDir,
-    database: Option<&str>,
+    database: Option<&Database>,
     json: bool,
 ) -> Result<ExitCode, CliError> {
     let store = open_store(data, database).await?;
