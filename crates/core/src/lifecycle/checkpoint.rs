@@ -363,6 +363,8 @@ impl Lifecycle {
         sandbox.cut_streams();
         let record = sandbox.record();
         let image = snapshot_image(&owner, &snapshot_id);
+        // Until it is recorded, its image is one no record names.
+        let _made = self.remote.snapshots_made.read().await;
         let checkpointed = self
             .driver
             .checkpoint(&record.id, placement.slot, &image)

@@ -181,8 +181,8 @@ impl Lifecycle {
     }
 
     /// Runs the expiry loop until `stop` fires; each round also keeps the parked runtimes of
-    /// paused sandboxes within their budget, and every 40th (10 s) forgets the paused
-    /// sandboxes other nodes took over.
+    /// paused sandboxes within their budget, every 40th (10 s) forgets the paused sandboxes
+    /// other nodes took over, and every 240th (a minute) the copies of deleted snapshots.
     pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let mut rounds = 0u32;
@@ -194,6 +194,9 @@ impl Lifecycle {
                     rounds = rounds.wrapping_add(1);
                     if rounds.is_multiple_of(40) {
                         self.forget_taken_over().await;
+                    }
+                    if rounds.is_multiple_of(240) {
+                        self.forget_deleted_snapshots().await;
                     }
                 }
                 _ = stop.cancelled() => return,

@@ -12,7 +12,7 @@
 //! succeeds (the image stays on this node's disk only, and the failure is logged and counted).
 
 use super::sandbox::{Phase, Sandbox};
-use super::{paused_image, Lifecycle, LifecycleError};
+use super::{paused_image, Lifecycle, LifecycleError, SNAPSHOT_PREFIX};
 use crate::ids::SandboxId;
 use crate::objects::ImageObjects;
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
@@ -41,6 +41,9 @@ pub(super) struct RemoteImages {
     download_failures: AtomicU64,
     /// One snapshot download at a time: creates from one snapshot download it once.
     snapshot_fetches: tokio::sync::Mutex<()>,
+    /// Held (shared) by each snapshot from its checkpoint until it is recorded, while its
+    /// image has no record yet: the sweep of deleted snapshots' images waits for none.
+    pub(super) snapshots_made: tokio::sync::RwLock<()>,
 }
 
 fn count(counter: &AtomicU64) {
@@ -322,13 +325,54 @@ impl Lifecycle {
     }
 
     /// Deletes snapshot `image` from object storage (its snapshot was deleted). Other nodes'
-    /// downloaded copies stay until their snapshot images are swept.
+    /// copies go at their next [`Lifecycle::forget_deleted_snapshots`].
     pub(super) async fn forget_snapshot(&self, image: &str) {
         let Some(objects) = self.remote.objects.get() else {
             return;
         };
         if let Err(e) = objects.delete(&snapshot_prefix(image)).await {
             tracing::warn!(image, error = %e, "deleting the snapshot image from object storage failed");
+        }
+    }
+
+    /// Deletes this node's copies of snapshots deleted through another node (which deleted
+    /// only its own copy and the object), so that a deleted snapshot's memory and files stay on
+    /// no disk. Skipped while a snapshot is being made here (its image is there before its
+    /// record) or downloaded (which a create of a live snapshot waits for).
+    pub(super) async fn forget_deleted_snapshots(&self) {
+        if !self.shares_images() {
+            return; // each snapshot is on this node alone, and its delete deletes it here
+        }
+        let (Ok(_made), Ok(_fetched)) = (
+            self.remote.snapshots_made.try_write(),
+            self.remote.snapshot_fetches.try_lock(),
+        ) else {
+            return; // the next round
+        };
+        let copies: Vec<String> = match self.driver.images() {
+            Ok(images) => (images.into_iter())
+                .filter(|image| image.starts_with(SNAPSHOT_PREFIX))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing this node's images failed");
+                return;
+            }
+        };
+        if copies.is_empty() {
+            return;
+        }
+        let recorded: HashSet<String> = match self.store.snapshots().all().await {
+            Ok(snapshots) => snapshots.into_iter().map(|s| s.image).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the snapshots failed");
+                return;
+            }
+        };
+        for image in copies.iter().filter(|image| !recorded.contains(*image)) {
+            tracing::info!(image, "deleting this node's copy of a deleted snapshot");
+            if let Err(e) = self.driver.delete_image(image).await {
+                tracing::warn!(image, error = %e, "deleting a deleted snapshot's copy failed");
+            }
         }
     }
 

@@ -85,3 +85,37 @@ async fn a_paused_sandbox_another_node_took_over_is_forgotten_here() {
     assert!(!driver.has_image(&paused_image(&quiet)));
     assert!(lc.record(kept.as_str()).is_ok(), "its own stays");
 }
+
+#[tokio::test]
+async fn a_snapshot_deleted_through_another_node_leaves_no_copy_here() {
+    let driver = Arc::new(RecordingDriver::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
+    let objects = Arc::new(object_store::memory::InMemory::new());
+    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let source = lc.create(params()).await.unwrap().id().clone();
+    let gone = lc.snapshot(source.as_str(), Some("gone")).await.unwrap();
+    let kept = lc.snapshot(source.as_str(), Some("kept")).await.unwrap();
+    assert!(driver.has_image(&gone.image) && driver.has_image(&kept.image));
+    // Another node deletes "gone": its record (and the object, and its own copy).
+    assert!(store.snapshots().delete("k1", &gone.id).await.unwrap());
+
+    // While a snapshot is being made here, its image has no record yet: nothing is swept.
+    let making = lc.remote.snapshots_made.read().await;
+    lc.forget_deleted_snapshots().await;
+    assert!(driver.has_image(&gone.image));
+    drop(making);
+
+    lc.forget_deleted_snapshots().await;
+    assert!(
+        !driver.has_image(&gone.image),
+        "the deleted snapshot's copy is gone"
+    );
+    assert!(driver.has_image(&kept.image), "a live snapshot's stays");
+    let copy = lc
+        .create(CreateParams {
+            template: kept.id.to_string(),
+            ..params()
+        })
+        .await;
+    assert!(copy.is_ok(), "and still starts: {:?}", copy.err());
+}
