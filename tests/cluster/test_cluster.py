@@ -249,20 +249,32 @@ def test_a_template_built_through_one_gateway_starts_on_every_node(cluster):
 def test_a_snapshot_taken_on_one_node_starts_on_every_node(cluster):
     src = Sandbox.create("base", **cluster.sdk())
     copies = []
+
+    def copies_on_both_nodes():
+        """Creates copies until both nodes run one (up to 8): creates spread by load, which
+        also counts pools refilling after the last test."""
+        made, nodes = [], set()
+        while nodes != {"node-1", "node-2"} and len(made) < 8:
+            made.append(Sandbox.create(snap.snapshot_id, **cluster.sdk(gateway=len(made) % 2)))
+            nodes.add(node_of(cluster, made[-1].sandbox_id))
+        copies.extend(made)
+        assert nodes == {"node-1", "node-2"}, [node_of(cluster, c.sandbox_id) for c in made]
+        return made
+
     try:
         src.files.write("/home/user/prepared.txt", "prepared once")
         src.commands.run("sleep 600", background=True)
-        snap = src.create_snapshot()
-        # Creates spread by load, which also counts pools refilling after the last test: go on
-        # until both nodes run a copy, so the node that did not take the snapshot fetched it.
-        nodes = set()
-        while nodes != {"node-1", "node-2"} and len(copies) < 8:
-            copies.append(Sandbox.create(snap.snapshot_id, **cluster.sdk(gateway=len(copies) % 2)))
-            nodes.add(node_of(cluster, copies[-1].sandbox_id))
-        assert nodes == {"node-1", "node-2"}, [node_of(cluster, c.sandbox_id) for c in copies]
-        for c in copies:
+        snap = src.create_snapshot(name=f"prep-{uuid.uuid4().hex[:6]}")
+        # The node that did not take it fetches it.
+        for c in copies_on_both_nodes():
             assert c.files.read("/home/user/prepared.txt") == "prepared once"
             assert any("sleep 600" in " ".join([p.cmd] + p.args) for p in c.commands.list())
+        # Taken again under its name: every node starts the newer take, the one that kept a
+        # copy of the first too.
+        src.files.write("/home/user/prepared.txt", "prepared twice")
+        assert src.create_snapshot(name=snap.snapshot_id).snapshot_id == snap.snapshot_id
+        for c in copies_on_both_nodes():
+            assert c.files.read("/home/user/prepared.txt") == "prepared twice"
     finally:
         kill_all(copies + [src])
     assert Sandbox.delete_snapshot(snap.snapshot_id, **cluster.sdk(gateway=1)) is True
