@@ -36,6 +36,8 @@ impl Lifecycle {
         healthy_guest: bool,
     ) -> Result<(), LifecycleError> {
         let sandbox = self.find(id)?;
+        // Until it is recorded, its image is one no record names (`forget_deleted_snapshots`).
+        let _made = self.remote.snapshots_made.read().await;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
@@ -159,6 +161,8 @@ impl Lifecycle {
     ) -> Result<Arc<Sandbox>, LifecycleError> {
         let timeout = self.clamp_timeout(timeout)?;
         let sandbox = self.find(id)?;
+        // Until it is recorded, its image is one no record names (`forget_deleted_snapshots`).
+        let _made = self.remote.snapshots_made.read().await;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
@@ -348,6 +352,8 @@ impl Lifecycle {
                 "{snapshot_id} (a template has that name)"
             )));
         }
+        // Until it is recorded, its image is one no record names (`forget_deleted_snapshots`).
+        let _made = self.remote.snapshots_made.read().await;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
@@ -363,8 +369,6 @@ impl Lifecycle {
         sandbox.cut_streams();
         let record = sandbox.record();
         let image = snapshot_image(&owner, &snapshot_id);
-        // Until it is recorded, its image is one no record names.
-        let _made = self.remote.snapshots_made.read().await;
         let checkpointed = self
             .driver
             .checkpoint(&record.id, placement.slot, &image)
@@ -388,7 +392,17 @@ impl Lifecycle {
             owner,
             volume_mounts: record.volume_mounts.clone(),
         };
+        let replaced = (self.store.snapshots())
+            .get(&snapshot.owner, &snapshot.id)
+            .await?;
         self.store.snapshots().put(&snapshot).await?;
+        if let Some(replaced) = replaced.filter(|r| r.image != snapshot.image) {
+            self.forget_snapshot(&replaced.image).await;
+            self.driver
+                .delete_image(&replaced.image)
+                .await
+                .map_err(LifecycleError::Driver)?;
+        }
         self.emit(&record, EventType::Checkpointed, None);
         Ok(snapshot)
     }

@@ -196,7 +196,9 @@ impl Lifecycle {
                         self.forget_taken_over().await;
                     }
                     if rounds.is_multiple_of(240) {
-                        self.forget_deleted_snapshots().await;
+                        // Deleting images takes a while; expiry goes on meanwhile.
+                        let lifecycle = self.clone();
+                        tokio::spawn(async move { lifecycle.forget_deleted_snapshots().await });
                     }
                 }
                 _ = stop.cancelled() => return,

@@ -399,9 +399,14 @@ fn paused_image(id: &SandboxId) -> String {
     format!("{PAUSED_PREFIX}{id}")
 }
 
-/// The image of `owner`'s snapshot `id`: owners may use the same names.
+/// A new image for `owner`'s snapshot `id`: owners may use the same names, and each take of a
+/// name gets an image of its own, so that a node's copy of an earlier take, under the same
+/// name, is never taken for the newer one.
 fn snapshot_image(owner: &str, id: &TemplateName) -> String {
-    format!("{SNAPSHOT_PREFIX}{owner}-{id}")
+    format!(
+        "{SNAPSHOT_PREFIX}{owner}-{id}-{:08x}",
+        rand::random::<u32>()
+    )
 }
 
 impl Lifecycle {

@@ -335,10 +335,11 @@ impl Lifecycle {
         }
     }
 
-    /// Deletes this node's copies of snapshots deleted through another node (which deleted
-    /// only its own copy and the object), so that a deleted snapshot's memory and files stay on
-    /// no disk. Skipped while a snapshot is being made here (its image is there before its
-    /// record) or downloaded (which a create of a live snapshot waits for).
+    /// Deletes this node's copies of snapshots deleted (or taken again under their name)
+    /// through another node, which deleted only its own copy and the object, so that a deleted
+    /// snapshot's memory and files stay on no disk. Skipped while a snapshot is being made here
+    /// (its image is there before its record) or downloaded. (One round at a time: a second
+    /// finds the locks taken.)
     pub(super) async fn forget_deleted_snapshots(&self) {
         if !self.shares_images() {
             return; // each snapshot is on this node alone, and its delete deletes it here

@@ -119,3 +119,28 @@ async fn a_snapshot_deleted_through_another_node_leaves_no_copy_here() {
         .await;
     assert!(copy.is_ok(), "and still starts: {:?}", copy.err());
 }
+
+#[tokio::test]
+async fn a_snapshot_taken_again_under_its_name_gets_an_image_of_its_own() {
+    let driver = Arc::new(RecordingDriver::default());
+    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
+    let objects = Arc::new(object_store::memory::InMemory::new());
+    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let source = lc.create(params()).await.unwrap().id().clone();
+    let first = lc.snapshot(source.as_str(), Some("ready")).await.unwrap();
+    let second = lc.snapshot(source.as_str(), Some("ready")).await.unwrap();
+    // Same name, another image: a node that kept the first take's image never restores it
+    // for the second.
+    assert_ne!(first.image, second.image);
+    assert!(
+        !driver.has_image(&first.image),
+        "the first take's image is gone here"
+    );
+    let recorded = store.snapshots().get("k1", &second.id).await.unwrap();
+    assert_eq!(recorded.unwrap().image, second.image);
+    // Another node's copy of the first take is named by no record: its sweep deletes it.
+    driver.images.lock().unwrap().insert(first.image.clone());
+    lc.forget_deleted_snapshots().await;
+    assert!(!driver.has_image(&first.image));
+    assert!(driver.has_image(&second.image));
+}
