@@ -84,8 +84,9 @@ impl StoreError {
     }
 }
 
-/// A PostgreSQL to keep the state in, for many machines (`--database`, `--database-ca`).
-#[derive(Debug, Clone)]
+/// A PostgreSQL to keep the state in, for many machines (`--database`, `--database-ca`). No
+/// `Debug`: its URL may hold the password.
+#[derive(Clone)]
 pub struct Database {
     /// `postgres://user:password@host/db`, or `host=... user=...` pairs.
     pub url: String,

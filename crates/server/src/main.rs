@@ -51,17 +51,11 @@ struct Cli {
         hide_env_values = true
     )]
     database: Option<String>,
-    /// A PEM file of the CA that signs the certificate of the PostgreSQL --database names:
-    /// with it, the connection is TLS, verified against this CA and the system's. Without it,
+    /// With --database: a PEM file of the CA that signs the PostgreSQL server's certificate.
+    /// With it, the connection is TLS, verified against this CA and the system's. Without it,
     /// TLS is used when --database says `sslmode=require` (verified against the system's CAs,
     /// as libpq's `verify-full`), and plain text otherwise.
-    #[arg(
-        long,
-        global = true,
-        env = "AIRLOCK_DATABASE_CA",
-        value_name = "FILE",
-        requires = "database"
-    )]
+    #[arg(long, global = true, env = "AIRLOCK_DATABASE_CA", value_name = "FILE")]
     database_ca: Option<PathBuf>,
     /// The server to talk to (client commands).
     #[arg(

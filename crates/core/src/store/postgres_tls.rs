@@ -44,6 +44,16 @@ pub(super) fn tls_for(
         config.ssl_mode(SslMode::Require);
     }
     if config.get_ssl_mode() != SslMode::Require {
+        let remote = config.get_hosts().iter().any(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => !is_loopback(name),
+            tokio_postgres::config::Host::Unix(_) => false,
+        });
+        if remote {
+            tracing::warn!(
+                "the connection to PostgreSQL is plain text: add sslmode=require to its URL (and \
+                 --database-ca if your own CA signs its certificate) to make it TLS"
+            );
+        }
         return Ok(Tls::Plain);
     }
     let extra_roots = match ca {
@@ -63,6 +73,13 @@ pub(super) fn tls_for(
     Ok(Tls::Verified(
         tokio_postgres_rustls::MakeRustlsConnect::new(client),
     ))
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The certificates in the PEM file `path`; at least one.
