@@ -117,8 +117,10 @@ def pids_alive(sbx, pids):
 
 def test_orphans_are_reaped(sandbox):
     # The control: a child whose parent does not wait for it is seen, as a zombie.
+    # The pid is written beside and renamed into place: /tmp/parent exists only whole.
     sandbox.commands.run("python3 -c 'import os, time\nif os.fork() == 0: os._exit(0)\n"
-                         "open(\"/tmp/parent\", \"w\").write(str(os.getpid())); time.sleep(600)'",
+                         "open(\"/tmp/parent.part\", \"w\").write(str(os.getpid()))\n"
+                         "os.replace(\"/tmp/parent.part\", \"/tmp/parent\"); time.sleep(600)'",
                          background=True)
     for _ in range(100):
         if sandbox.files.exists("/tmp/parent"):
