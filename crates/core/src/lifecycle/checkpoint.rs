@@ -36,8 +36,6 @@ impl Lifecycle {
         healthy_guest: bool,
     ) -> Result<(), LifecycleError> {
         let sandbox = self.find(id)?;
-        // Until it is recorded, its image is one no record names (`forget_deleted_snapshots`).
-        let _made = self.remote.snapshots_made.read().await;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
@@ -161,8 +159,6 @@ impl Lifecycle {
     ) -> Result<Arc<Sandbox>, LifecycleError> {
         let timeout = self.clamp_timeout(timeout)?;
         let sandbox = self.find(id)?;
-        // Until it is recorded, its image is one no record names (`forget_deleted_snapshots`).
-        let _made = self.remote.snapshots_made.read().await;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };
