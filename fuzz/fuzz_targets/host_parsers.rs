@@ -16,11 +16,11 @@
 //! * domain rules match any string without panicking, and a matching name ends with the rule.
 #![no_main]
 
-use airlock_core::egress::DomainPattern;
 use airlock_netd::dns::message::{answer_addrs, answers, error_reply, parse_query};
 use airlock_netd::dns::names::is_public;
 use airlock_netd::proxy::http1::Requests;
 use airlock_netd::proxy::peek::{classify, First};
+use airlock_wire::egress::DomainPattern;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -16,10 +16,10 @@
 //! function).
 #![no_main]
 
-use airlock_core::egress::{DomainPattern, Egress, Ipv4Net, MAX_RULES};
-use airlock_server::{
+use airlock_request::{
     check_map, classify, parse_metadata_filter, percent_decode, url_pairs, JsonBody, Target,
 };
+use airlock_wire::egress::{DomainPattern, Egress, Ipv4Net, MAX_RULES};
 use airlock_wire::api::{ForkRequest, NetworkConfig, NewSandbox, SnapshotRequest, TimeoutBody};
 use airlock_wire::{ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
 use axum::extract::{FromRequest, Query};
@@ -28,7 +28,7 @@ use libfuzzer_sys::fuzz_target;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap};
 
-/// Create's limits on `metadata` and `envVars` (crates/server/src/http/validate.rs).
+/// Create's limits on `metadata` and `envVars` (crates/request/src/fields.rs).
 const MAX_MAP_ENTRIES: usize = 256;
 const MAX_MAP_BYTES: usize = 64 * 1024;
 

@@ -16,11 +16,6 @@ pub mod operator_metrics;
 pub mod proxy;
 pub mod term;
 
-// What the fuzz targets drive, by name (see fuzz/fuzz_targets/rest_request.rs).
-pub use http::error::JsonBody;
-pub use http::validate::{check_map, parse_metadata_filter, percent_decode};
-pub use proxy::{classify, url_pairs, Target};
-
 use airlock_core::lifecycle::Lifecycle;
 use airlock_core::store::Store;
 use std::sync::Arc;

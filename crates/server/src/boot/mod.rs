@@ -314,7 +314,7 @@ fn router(state: AppState, listen: SocketAddr, node_secret: Option<ClusterSecret
         ))
         .fallback(|| async { http::error::ApiError::not_found("no such route") })
         .layer(axum::extract::DefaultBodyLimit::max(
-            http::error::MAX_API_BODY,
+            airlock_request::MAX_API_BODY,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

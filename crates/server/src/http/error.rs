@@ -33,6 +33,12 @@ impl ApiError {
     }
 }
 
+impl From<airlock_request::Rejection> for ApiError {
+    fn from(r: airlock_request::Rejection) -> Self {
+        ApiError::new(r.status, r.message)
+    }
+}
+
 impl From<airlock_core::store::StoreError> for ApiError {
     fn from(err: airlock_core::store::StoreError) -> Self {
         LifecycleError::from(err).into()
@@ -212,39 +218,5 @@ impl IntoResponse for ApiError {
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         response
-    }
-}
-
-/// Largest request body the API reads (sandbox traffic is streamed and not capped here).
-pub const MAX_API_BODY: usize = 1024 * 1024;
-
-/// Axum's JSON extractor, but its rejections leave as `{code, message}` too.
-pub struct JsonBody<T>(pub T);
-
-impl<T, S> axum::extract::FromRequest<S> for JsonBody<T>
-where
-    T: serde::de::DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = axum::body::Bytes::from_request(req, state)
-            .await
-            .map_err(|e| match e.status() {
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    e.status(),
-                    format!("request body too large: the API reads at most {MAX_API_BODY} bytes"),
-                ),
-                status => ApiError::new(status, format!("cannot read request body: {e}")),
-            })?;
-        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
-        };
-        serde_json::from_slice(bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
     }
 }

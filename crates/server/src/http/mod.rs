@@ -12,7 +12,6 @@ pub(crate) mod nodes;
 pub mod sandboxes;
 mod snapshots;
 pub mod templates;
-pub mod validate;
 pub mod verbs;
 mod volumes;
 pub mod webhooks;

@@ -2,9 +2,10 @@
 //! for an operator's key. One `airlock serve` is one node, named by `--node-name`.
 
 use crate::http::auth::Operator;
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::store::SandboxState;
+use airlock_request::JsonBody;
 use airlock_wire::nodes::{Node, NodeDetail, NodeStatus, NodeStatusChange};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

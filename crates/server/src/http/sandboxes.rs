@@ -3,15 +3,15 @@
 
 use crate::cluster::Role;
 use crate::http::auth::{Caller, Owned};
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::http::idempotency;
-use crate::http::validate::{check_map, parse_metadata_filter};
 use crate::AppState;
 use airlock_core::egress::Egress;
 use airlock_core::ids::TemplateName;
 use airlock_core::lifecycle::CreateParams;
 use airlock_core::store::{PauseMode, SandboxRecord, SandboxState as StoredState, Store};
 use airlock_core::volumes::MountRequest;
+use airlock_request::{check_map, parse_metadata_filter, JsonBody};
 use airlock_wire::api::{
     NetworkConfig, NetworkUpdate, NewSandbox, RefreshBody, Sandbox, SandboxDetail,
     SandboxLifecycle, SandboxState, TimeoutBody, VolumeMountBody,

@@ -2,10 +2,11 @@
 //! sandboxes start from (and their list), and forks of a running sandbox.
 
 use crate::http::auth::{Caller, Owned};
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::http::sandboxes::{resume_mode, sandbox_body};
 use crate::AppState;
 use airlock_core::store::{PauseMode, SnapshotRecord};
+use airlock_request::JsonBody;
 use airlock_wire::api::{
     ErrorBody, ForkRequest, ForkResult, PauseBody, SnapshotInfo, SnapshotRequest, TimeoutBody,
 };

@@ -5,10 +5,11 @@
 //!   the SDK reaches through `E2B_VOLUME_API_URL`.
 
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::AppState;
 use airlock_core::store::VolumeRecord;
 use airlock_core::volumes::{EntryKind, EntryStat, MetadataChange, VolumeError, VolumeTree};
+use airlock_request::JsonBody;
 use airlock_wire::volumes::{
     NewVolume, Volume, VolumeAndToken, VolumeEntryStat, VolumeMetadataPatch,
 };

@@ -8,11 +8,12 @@
 //! any of this.
 
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::http::events::{bodies, parse_types};
 use crate::AppState;
 use airlock_core::store::{EventType, SandboxEvent, Store, Webhook, WebhookChange};
 use airlock_core::webhook::{Deliverer, Delivery, WebhookError};
+use airlock_request::JsonBody;
 use airlock_wire::events::{NewWebhook, WebhookBody, WebhookPatch};
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;

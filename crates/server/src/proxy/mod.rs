@@ -20,11 +20,11 @@ mod envelopes;
 pub(crate) mod signed_urls;
 pub mod target;
 
-pub use signed_urls::{url_pairs, Signers};
-pub use target::{classify, Target};
+pub use signed_urls::Signers;
 
 use crate::AppState;
 use airlock_core::lifecycle::Sandbox;
+use airlock_request::{classify, sandbox_host, Target};
 use airlock_wire::ENVD_PORT;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -38,7 +38,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use target::{bad_gateway, port_allowed, sandbox_host, sandbox_not_found, TRAFFIC_TOKEN_HEADER};
+use target::{bad_gateway, port_allowed, sandbox_not_found, TRAFFIC_TOKEN_HEADER};
 
 /// Agent routes only the server may call; the proxy never forwards them.
 const INTERNAL_PATHS: &[&str] = &[

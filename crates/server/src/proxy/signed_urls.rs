@@ -1,10 +1,10 @@
 //! Signed `/files` URLs (protocol doc §3.6): which running sandbox's access token made a URL's
 //! signature, found once and then remembered.
 
-use crate::http::validate::percent_decode;
 use crate::AppState;
 use airlock_core::ids::{constant_time_eq, SandboxId};
 use airlock_core::lifecycle::Sandbox;
+use airlock_request::url_pairs;
 use airlock_wire::signed_url::{signature, FileOperation};
 use axum::http::{Method, Uri};
 use std::sync::Arc;
@@ -106,31 +106,5 @@ impl Signers {
             map.clear();
         }
         map.insert(signature.to_owned(), sandbox);
-    }
-}
-
-pub fn url_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            Some((percent_decode(k)?, percent_decode(v)?))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_strings_decode() {
-        assert_eq!(
-            url_pairs("path=%2Fhome%2Fuser&x=a+b"),
-            vec![
-                ("path".to_string(), "/home/user".to_string()),
-                ("x".to_string(), "a b".to_string())
-            ]
-        );
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::dockerfile::steps::step;
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::http::logs::{timestamp, Page};
 use crate::http::templates::{find_owned, owned, owned_build};
 use crate::AppState;
@@ -16,6 +16,7 @@ use airlock_core::store::{
     split_reference, BuildRecord, BuildStatus, LogEntry, TemplateRecord, UserTemplate, DEFAULT_TAG,
 };
 use airlock_core::template::KNOWN_TEMPLATES;
+use airlock_request::JsonBody;
 use airlock_wire::templates::{
     BuildFailureReason, BuildLogEntry, BuildLogsBody, BuildStatusBody, BuildStatusQuery,
     TemplateBuildCreated, TemplateBuildRequest, TemplateBuildStart,

@@ -5,10 +5,11 @@
 //! Each key sees only its own; a public template is usable by every key, not listed for it.
 
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::http::templates::{find_owned, owned};
 use crate::AppState;
 use airlock_core::store::{BuildRecord, BuildStatus, UserTemplate};
+use airlock_request::JsonBody;
 use airlock_wire::templates::{
     TemplateAlias, TemplateBuildInfo, TemplateInfo, TemplateUpdate, TemplateUpdated,
     TemplateWithBuilds,

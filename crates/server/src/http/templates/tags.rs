@@ -4,10 +4,11 @@
 //! 404 as for a name that does not exist.
 
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, JsonBody};
+use crate::http::error::ApiError;
 use crate::http::templates::owned;
 use crate::AppState;
 use airlock_core::store::{split_reference, valid_tag, DEFAULT_TAG};
+use airlock_request::JsonBody;
 use airlock_wire::templates::{AssignedTags, TagAssignment, TagRemoval, TemplateTagInfo};
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;

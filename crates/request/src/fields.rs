@@ -1,23 +1,23 @@
 //! What the REST API checks of a request's fields and query strings before anything acts on
-//! them: the size of the maps a create attaches, and the list filter's quoting.
+//! them: the size of the maps a create attaches, the list filter's quoting, and query strings.
 
-use crate::http::error::ApiError;
+use crate::Rejection;
 use std::collections::BTreeMap;
 
 /// Caps on what a create may attach, so one client cannot bloat the store.
 const MAX_MAP_ENTRIES: usize = 256;
 const MAX_MAP_BYTES: usize = 64 * 1024;
 
-pub fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), Rejection> {
     let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
     if map.len() > MAX_MAP_ENTRIES || bytes > MAX_MAP_BYTES {
-        return Err(ApiError::bad_request(format!(
+        return Err(Rejection::bad_request(format!(
             "{what} is too large (at most {MAX_MAP_ENTRIES} entries and {MAX_MAP_BYTES} bytes)"
         )));
     }
     if what == "envVars" {
         if let Some(bad) = map.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
-            return Err(ApiError::bad_request(format!(
+            return Err(Rejection::bad_request(format!(
                 "invalid env var name {bad:?}"
             )));
         }
@@ -26,21 +26,21 @@ pub fn check_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), ApiEr
 }
 
 /// `metadata` as the SDK sends it: quoted three times (protocol doc §2.2).
-pub fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ApiError> {
+pub fn parse_metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, Rejection> {
     let once = decoded(raw)?;
     let mut out = BTreeMap::new();
     for pair in once.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(|| {
-            ApiError::bad_request(format!("metadata filter {pair:?} is not key=value"))
+            Rejection::bad_request(format!("metadata filter {pair:?} is not key=value"))
         })?;
         out.insert(decoded(k)?, decoded(v)?);
     }
     Ok(out)
 }
 
-fn decoded(s: &str) -> Result<String, ApiError> {
+fn decoded(s: &str) -> Result<String, Rejection> {
     percent_decode(s)
-        .ok_or_else(|| ApiError::bad_request(format!("malformed percent-encoding in {s:?}")))
+        .ok_or_else(|| Rejection::bad_request(format!("malformed percent-encoding in {s:?}")))
 }
 
 /// Decodes `%XX` escapes and `+` (query-string form); `None` if malformed or not UTF-8.
@@ -72,6 +72,17 @@ pub fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// A query string's `key=value` pairs, decoded; a pair that does not decode is left out.
+pub fn url_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            Some((percent_decode(k)?, percent_decode(v)?))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +112,16 @@ mod tests {
         // Found by fuzzing (fuzz/corpus/rest_request/regress_percent_sign): a signed escape.
         assert_eq!(percent_decode("%+a"), None);
         assert_eq!(percent_decode("%2B%2b"), Some("++".to_string()));
+    }
+
+    #[test]
+    fn query_strings_decode() {
+        assert_eq!(
+            url_pairs("path=%2Fhome%2Fuser&x=a+b"),
+            vec![
+                ("path".to_string(), "/home/user".to_string()),
+                ("x".to_string(), "a b".to_string())
+            ]
+        );
     }
 }
