@@ -245,6 +245,13 @@ enum Command {
         /// succeeds and the image stays on this host only. The local copy is kept.
         #[arg(long, value_name = "URL", env = "AIRLOCK_OBJECT_STORE")]
         object_store: Option<String>,
+        /// The most disk, in MiB, that this host's copies of snapshot images may take when they
+        /// are also in object storage (--object-store): a create from a snapshot taken on
+        /// another node downloads its image and keeps it for the next. Past this budget, the
+        /// copies started from least recently are deleted (checked every minute); their next
+        /// create downloads them again.
+        #[arg(long, default_value_t = 10 * 1024, env = "AIRLOCK_SNAPSHOT_CACHE_MB")]
+        snapshot_cache_mb: u64,
         /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).
         #[arg(long, default_value_t = 8)]
         max_cpu_count: u32,
@@ -504,6 +511,7 @@ async fn run(cli: Cli) -> ExitCode {
             freeze_after_ms,
             paused_memory_mb,
             object_store,
+            snapshot_cache_mb,
             max_cpu_count,
             max_memory_mb,
             max_disk_mb,
@@ -596,6 +604,7 @@ async fn run(cli: Cli) -> ExitCode {
                     freeze_after: (freeze_after_ms > 0)
                         .then(|| Duration::from_millis(freeze_after_ms)),
                     paused_memory_mb,
+                    snapshot_cache_mb,
                     ready_timeout: Duration::from_secs(ready_timeout),
                     max_resources: Resources {
                         cpu_count: max_cpu_count,

@@ -348,8 +348,8 @@ impl Lifecycle {
                 "{snapshot_id} (a template has that name)"
             )));
         }
-        // Until it is recorded, its image is one no record names (`forget_deleted_snapshots`).
-        let _made = self.remote.snapshots_made.read().await;
+        // Until it is recorded, its image is one no record names (`snapshot_copies.rs`).
+        let _made = self.remote.snapshot_images_in_use.read().await;
         let Some(_verb) = sandbox.lock_verb().await else {
             return Err(LifecycleError::Busy(id.to_owned()));
         };

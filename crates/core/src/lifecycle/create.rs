@@ -150,13 +150,7 @@ impl Lifecycle {
             (None, Source::Snapshot(snapshot)) => {
                 // The snapshot's processes run as soon as it is restored: the policy goes first.
                 let launch = self.launch_of(&sandbox.record());
-                let started = match self.fetch_snapshot(&snapshot).await {
-                    Ok(()) => {
-                        self.start(&id, &snapshot.rootfs, Some(&snapshot.image), launch)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
+                let started = self.start_from_snapshot(&id, &snapshot, launch).await;
                 started.map(|s| Started {
                     token: snapshot.access_token,
                     ..s

@@ -182,7 +182,8 @@ impl Lifecycle {
 
     /// Runs the expiry loop until `stop` fires; each round also keeps the parked runtimes of
     /// paused sandboxes within their budget, every 40th (10 s) forgets the paused sandboxes
-    /// other nodes took over, and every 240th (a minute) the copies of deleted snapshots.
+    /// other nodes took over, and every 240th (a minute) tends this node's copies of snapshots
+    /// (`snapshot_copies.rs`).
     pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let mut rounds = 0u32;
@@ -198,7 +199,7 @@ impl Lifecycle {
                     if rounds.is_multiple_of(240) {
                         // Deleting images takes a while; expiry goes on meanwhile.
                         let lifecycle = self.clone();
-                        tokio::spawn(async move { lifecycle.forget_deleted_snapshots().await });
+                        tokio::spawn(async move { lifecycle.tend_snapshot_copies().await });
                     }
                 }
                 _ = stop.cancelled() => return,

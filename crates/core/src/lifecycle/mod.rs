@@ -40,6 +40,7 @@ mod registry;
 mod remote_images;
 mod rootfs;
 mod sandbox;
+mod snapshot_copies;
 mod start_cmd;
 #[cfg(test)]
 mod tests;
@@ -219,6 +220,10 @@ pub struct Limits {
     /// The most memory the runtimes of paused sandboxes may keep, frozen, so that their resume
     /// is a thaw rather than a restore (0: a pause always lets its runtime go).
     pub paused_memory_mb: u64,
+    /// The most disk this node's copies of snapshot images that are also in object storage
+    /// may take; past it, the least recently started from are deleted (and downloaded again
+    /// at their next use).
+    pub snapshot_cache_mb: u64,
 }
 
 /// What one API key may hold at once.
@@ -264,6 +269,7 @@ impl Default for Limits {
             ready_timeout: Duration::from_secs(300),
             freeze_after: Some(Duration::from_secs(1)),
             paused_memory_mb: 1024,
+            snapshot_cache_mb: 10 * 1024,
         }
     }
 }

@@ -12,15 +12,16 @@
 //! succeeds (the image stays on this node's disk only, and the failure is logged and counted).
 
 use super::sandbox::{Phase, Sandbox};
-use super::{paused_image, Lifecycle, LifecycleError, SNAPSHOT_PREFIX};
+use super::{paused_image, Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
-use crate::objects::ImageObjects;
+use crate::objects::{ImageObjects, ObjectsError};
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
 use crate::volumes::VolumeError;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Paused images moved to and from object storage since the server started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,10 +41,14 @@ pub(super) struct RemoteImages {
     downloads: AtomicU64,
     download_failures: AtomicU64,
     /// One snapshot download at a time: creates from one snapshot download it once.
-    snapshot_fetches: tokio::sync::Mutex<()>,
-    /// Held (shared) by each snapshot from its checkpoint until it is recorded, while its
-    /// image has no record yet: the sweep of deleted snapshots' images waits for none.
-    pub(super) snapshots_made: tokio::sync::RwLock<()>,
+    pub(super) snapshot_fetches: tokio::sync::Mutex<()>,
+    /// Held (shared) by whatever needs snapshot images to stay where they are: a snapshot
+    /// from its checkpoint until it is recorded (its image has no record yet), and a create
+    /// from a snapshot until its sandbox is restored. The sweep of this node's copies
+    /// (`snapshot_copies.rs`) deletes only while it holds it alone.
+    pub(super) snapshot_images_in_use: tokio::sync::RwLock<()>,
+    /// When each snapshot image here was last started from, for the copies' size budget.
+    pub(super) snapshot_uses: std::sync::Mutex<HashMap<String, Instant>>,
 }
 
 fn count(counter: &AtomicU64) {
@@ -304,6 +309,7 @@ impl Lifecycle {
         snapshot: &SnapshotRecord,
     ) -> Result<(), LifecycleError> {
         let image = &snapshot.image;
+        self.snapshot_used(image);
         if self.driver.has_image(image) {
             return Ok(());
         }
@@ -324,56 +330,22 @@ impl Lifecycle {
         }
     }
 
+    /// Whether object storage holds snapshot `image` whole (false without an object store).
+    pub(super) async fn snapshot_stored(&self, image: &str) -> Result<bool, ObjectsError> {
+        match self.remote.objects.get() {
+            Some(objects) => objects.has(&snapshot_prefix(image)).await,
+            None => Ok(false),
+        }
+    }
+
     /// Deletes snapshot `image` from object storage (its snapshot was deleted). Other nodes'
-    /// copies go at their next [`Lifecycle::forget_deleted_snapshots`].
+    /// copies go at their next [`Lifecycle::tend_snapshot_copies`].
     pub(super) async fn forget_snapshot(&self, image: &str) {
         let Some(objects) = self.remote.objects.get() else {
             return;
         };
         if let Err(e) = objects.delete(&snapshot_prefix(image)).await {
             tracing::warn!(image, error = %e, "deleting the snapshot image from object storage failed");
-        }
-    }
-
-    /// Deletes this node's copies of snapshots deleted (or taken again under their name)
-    /// through another node, which deleted only its own copy and the object, so that a deleted
-    /// snapshot's memory and files stay on no disk. Skipped while a snapshot is being made here
-    /// (its image is there before its record) or downloaded. (One round at a time: a second
-    /// finds the locks taken.)
-    pub(super) async fn forget_deleted_snapshots(&self) {
-        if !self.shares_images() {
-            return; // each snapshot is on this node alone, and its delete deletes it here
-        }
-        let (Ok(_made), Ok(_fetched)) = (
-            self.remote.snapshots_made.try_write(),
-            self.remote.snapshot_fetches.try_lock(),
-        ) else {
-            return; // the next round
-        };
-        let copies: Vec<String> = match self.driver.images() {
-            Ok(images) => (images.into_iter())
-                .filter(|image| image.starts_with(SNAPSHOT_PREFIX))
-                .collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "listing this node's images failed");
-                return;
-            }
-        };
-        if copies.is_empty() {
-            return;
-        }
-        let recorded: HashSet<String> = match self.store.snapshots().all().await {
-            Ok(snapshots) => snapshots.into_iter().map(|s| s.image).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the snapshots failed");
-                return;
-            }
-        };
-        for image in copies.iter().filter(|image| !recorded.contains(*image)) {
-            tracing::info!(image, "deleting this node's copy of a deleted snapshot");
-            if let Err(e) = self.driver.delete_image(image).await {
-                tracing::warn!(image, error = %e, "deleting a deleted snapshot's copy failed");
-            }
         }
     }
 

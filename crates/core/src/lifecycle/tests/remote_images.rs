@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::objects::ImageObjects;
+use crate::store::SnapshotRecord;
 
 #[tokio::test]
 async fn a_pause_whose_upload_fails_still_pauses_and_counts_the_failure() {
@@ -100,12 +101,12 @@ async fn a_snapshot_deleted_through_another_node_leaves_no_copy_here() {
     assert!(store.snapshots().delete("k1", &gone.id).await.unwrap());
 
     // While a snapshot is being made here, its image has no record yet: nothing is swept.
-    let making = lc.remote.snapshots_made.read().await;
-    lc.forget_deleted_snapshots().await;
+    let making = lc.remote.snapshot_images_in_use.read().await;
+    lc.tend_snapshot_copies().await;
     assert!(driver.has_image(&gone.image));
     drop(making);
 
-    lc.forget_deleted_snapshots().await;
+    lc.tend_snapshot_copies().await;
     assert!(
         !driver.has_image(&gone.image),
         "the deleted snapshot's copy is gone"
@@ -140,7 +141,83 @@ async fn a_snapshot_taken_again_under_its_name_gets_an_image_of_its_own() {
     assert_eq!(recorded.unwrap().image, second.image);
     // Another node's copy of the first take is named by no record: its sweep deletes it.
     driver.images.lock().unwrap().insert(first.image.clone());
-    lc.forget_deleted_snapshots().await;
+    lc.tend_snapshot_copies().await;
     assert!(!driver.has_image(&first.image));
     assert!(driver.has_image(&second.image));
+}
+
+/// Marks snapshot `image` as whole in object storage, as its upload would have (the recording
+/// driver's images are not files, so no upload succeeds).
+async fn stored(objects: &object_store::memory::InMemory, image: &str) {
+    use object_store::ObjectStoreExt;
+    let manifest = object_store::path::Path::from(format!("snapshots/{image}/manifest.json"));
+    objects.put(&manifest, b"{}".to_vec().into()).await.unwrap();
+}
+
+#[tokio::test]
+async fn snapshot_copies_past_their_budget_go_least_recently_used_first() {
+    let driver = Arc::new(RecordingDriver::default());
+    // Room for two copies of IMAGE_SIZE (3 MiB): a third is over.
+    let limits = Limits {
+        snapshot_cache_mb: 7,
+        ..Limits::default()
+    };
+    let (_dir, _store, lc) = setup(driver.clone(), limits).await;
+    let objects = Arc::new(object_store::memory::InMemory::new());
+    assert!(lc.use_object_store(ImageObjects::with_store(objects.clone())));
+    let source = lc.create(params()).await.unwrap().id().clone();
+    let only_here = lc
+        .snapshot(source.as_str(), Some("only-here"))
+        .await
+        .unwrap();
+    let old = lc.snapshot(source.as_str(), Some("old")).await.unwrap();
+    let recent = lc.snapshot(source.as_str(), Some("recent")).await.unwrap();
+    for snapshot in [&old, &recent] {
+        stored(&objects, &snapshot.image).await;
+    }
+    let start_from = |snapshot: &SnapshotRecord| CreateParams {
+        template: snapshot.id.to_string(),
+        ..params()
+    };
+    lc.create(start_from(&only_here)).await.unwrap();
+    lc.create(start_from(&old)).await.unwrap();
+    lc.create(start_from(&recent)).await.unwrap();
+
+    // While a create from a snapshot is between its check for the image and its restore,
+    // nothing is trimmed.
+    let starting = lc.remote.snapshot_images_in_use.read().await;
+    lc.tend_snapshot_copies().await;
+    assert!(driver.has_image(&old.image));
+    drop(starting);
+
+    lc.tend_snapshot_copies().await;
+    assert!(
+        !driver.has_image(&old.image),
+        "the least recently used copy that object storage holds goes"
+    );
+    assert!(driver.has_image(&recent.image), "the recent one stays");
+    assert!(
+        driver.has_image(&only_here.image),
+        "a snapshot whose upload failed is on this node alone: never trimmed, though older"
+    );
+    // Within budget now (two copies): another round deletes nothing.
+    lc.tend_snapshot_copies().await;
+    assert!(driver.has_image(&recent.image) && driver.has_image(&only_here.image));
+}
+
+#[tokio::test]
+async fn snapshot_copies_within_their_budget_stay() {
+    let driver = Arc::new(RecordingDriver::default());
+    let (_dir, _store, lc) = setup(driver.clone(), Limits::default()).await;
+    let objects = Arc::new(object_store::memory::InMemory::new());
+    assert!(lc.use_object_store(ImageObjects::with_store(objects.clone())));
+    let source = lc.create(params()).await.unwrap().id().clone();
+    let mut images = Vec::new();
+    for name in ["a", "b", "c"] {
+        let snapshot = lc.snapshot(source.as_str(), Some(name)).await.unwrap();
+        stored(&objects, &snapshot.image).await;
+        images.push(snapshot.image);
+    }
+    lc.tend_snapshot_copies().await;
+    assert!(images.iter().all(|image| driver.has_image(image)));
 }
