@@ -149,6 +149,27 @@ def test_contexts_are_isolated_and_can_restart(ci):
     assert b.id not in [c.id for c in ci.list_code_contexts()]
 
 
+def test_kernels_run_as_root_and_commands_as_user(ci):
+    # E2B's code interpreter runs kernels as root: a context may work in /root (its upstream
+    # test_cwd), while commands keep the sandbox's user.
+    root = ci.create_code_context(cwd="/root")
+    assert ci.run_code("import os; (os.getuid(), os.getcwd())", context=root).text == "(0, '/root')"
+    assert ci.run_code("import os; os.getuid()").text == "0", "the default context too"
+    assert ci.commands.run("whoami").stdout == "user\n"
+    # A context may name its user (E2B's `user` field, sent as the SDK's own request is).
+    headers = {"E2b-Sandbox-Id": ci.sandbox_id, "E2b-Sandbox-Port": "49999",
+               "E2B-Traffic-Access-Token": ci.traffic_access_token}
+    made = ci._client.post(f"{ci._jupyter_url}/contexts", json={"user": "user"}, headers=headers)
+    assert made.status_code == 200, made.text
+    from e2b_code_interpreter.models import Context
+
+    mine = Context.from_json(made.json())
+    assert ci.run_code("import os; (os.getuid(), os.getcwd())", context=mine).text == "(1000, '/home/user')"
+    unknown = ci._client.post(f"{ci._jupyter_url}/contexts", json={"user": "nobody-here"},
+                              headers=headers)
+    assert unknown.status_code == 400 and "nobody-here" in unknown.text
+
+
 def test_pause_and_resume_keep_the_kernels_state(ci):
     from e2b_code_interpreter import Sandbox
 

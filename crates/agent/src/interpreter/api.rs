@@ -166,6 +166,9 @@ struct CreateContext {
     language: Option<String>,
     #[serde(default)]
     cwd: Option<String>,
+    /// Who the kernel runs as (E2B's field; root unless named).
+    #[serde(default)]
+    user: Option<String>,
 }
 
 async fn create_context(
@@ -174,7 +177,7 @@ async fn create_context(
 ) -> Result<Json<ContextInfo>, ApiError> {
     let req: CreateContext = parse_body(&body)?;
     let language = normalize_language(req.language.as_deref());
-    let ctx = interp.new_context(&language, req.cwd.as_deref())?;
+    let ctx = interp.new_context(&language, req.cwd.as_deref(), req.user.as_deref())?;
     let mut slot = ctx.lock().await;
     if let Err(e) = ctx.ensure_kernel(&mut slot, &interp.config).await {
         interp.remove(&ctx.id);
@@ -381,7 +384,7 @@ mod tests {
 }
 
 /// Round trips through real kernels. Needs kernelspecs with a Python kernel (ipykernel) in
-/// `$AIRLOCK_TEST_KERNELS_DIR`; runs them as the current user (root on the dev machines), e.g.
+/// `$AIRLOCK_TEST_KERNELS_DIR`; runs them as root, the contexts' default user (so as root), e.g.
 /// `AIRLOCK_TEST_KERNELS_DIR=/tmp/kernels cargo test -p airlock-agent -- --ignored real_kernel`.
 #[cfg(test)]
 mod real_kernel_tests {

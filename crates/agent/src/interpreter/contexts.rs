@@ -29,6 +29,11 @@ pub const DEFAULT_LANGUAGES: [&str; 2] = ["python", "javascript"];
 /// `Math.random` state cannot be reseeded after restore (Python's is, see `Kernel::execute`).
 const PREWARMED: &str = "python";
 
+/// Who a context's kernel runs as unless its create names a user: root, as in E2B's code
+/// interpreter (so a cell may work anywhere, `/root` included). Commands still run as the
+/// sandbox's default user.
+const KERNEL_USER: &str = "root";
+
 /// A context as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ContextInfo {
@@ -49,6 +54,8 @@ pub struct Context {
     pub id: String,
     pub language: String,
     pub cwd: PathBuf,
+    /// The user its kernel runs as.
+    pub user: String,
     pub spec: Kernelspec,
     slot: Arc<tokio::sync::Mutex<Slot>>,
     /// The current kernel's kill switch, usable while a run holds the slot.
@@ -58,11 +65,12 @@ pub struct Context {
 }
 
 impl Context {
-    fn new(language: &str, cwd: PathBuf, spec: Kernelspec) -> Context {
+    fn new(language: &str, cwd: PathBuf, user: &str, spec: Kernelspec) -> Context {
         Context {
             id: uuid::Uuid::new_v4().to_string(),
             language: language.to_owned(),
             cwd,
+            user: user.to_owned(),
             spec,
             slot: Arc::default(),
             switch: Mutex::new(None),
@@ -83,9 +91,7 @@ impl Context {
         self.slot.clone().lock_owned().await
     }
 
-    /// Makes sure the slot holds a live kernel, starting a fresh one if needed. A kernel that has
-    /// not run user code yet is also replaced when the sandbox's default user changed since it
-    /// started (the default contexts start before `/init` arrives).
+    /// Makes sure the slot holds a live kernel, starting a fresh one if needed.
     pub async fn ensure_kernel(&self, slot: &mut Slot, config: &Config) -> Result<(), KernelError> {
         if self.is_deleted() {
             return Err(KernelError::Setup(format!(
@@ -93,18 +99,13 @@ impl Context {
                 self.id
             )));
         }
-        let settings = config.current();
-        let usable = slot
-            .kernel
-            .as_ref()
-            .is_some_and(|k| k.is_alive() && (k.runs > 0 || k.user == settings.default_user));
-        if usable {
+        if slot.kernel.as_ref().is_some_and(Kernel::is_alive) {
             return Ok(());
         }
         *self.lock_switch() = None;
         slot.kernel = None;
-        let user =
-            User::lookup(&settings.default_user).map_err(|e| KernelError::Setup(e.0.message))?;
+        let settings = config.current();
+        let user = User::lookup(&self.user).map_err(|e| KernelError::Setup(e.0.message))?;
         let kernel = Kernel::launch(
             &self.spec,
             &user,
@@ -269,7 +270,7 @@ impl Interpreter {
                 return Ok(ctx.clone());
             }
         }
-        let ctx = Arc::new(Context::new(language, cwd, spec));
+        let ctx = Arc::new(Context::new(language, cwd, KERNEL_USER, spec));
         registry
             .defaults
             .insert(language.to_owned(), ctx.id.clone());
@@ -277,20 +278,21 @@ impl Interpreter {
         Ok(ctx)
     }
 
-    /// Registers a new context; the caller starts its kernel.
-    pub fn new_context(&self, language: &str, cwd: Option<&str>) -> Result<Arc<Context>, ApiError> {
+    /// Registers a new context whose kernel runs as `user` (default [`KERNEL_USER`]) in `cwd`
+    /// (default the sandbox's workdir; a relative one is under the user's home); the caller
+    /// starts its kernel.
+    pub fn new_context(
+        &self,
+        language: &str,
+        cwd: Option<&str>,
+        user: Option<&str>,
+    ) -> Result<Arc<Context>, ApiError> {
         let spec = self.spec_for(language)?;
+        let user = user.filter(|u| !u.is_empty()).unwrap_or(KERNEL_USER);
+        let found = User::lookup(user).map_err(|e| ApiError::BadRequest(e.0.message))?;
         let cwd = match cwd.filter(|c| !c.is_empty()) {
             None => self.default_cwd(),
-            Some(cwd) => match User::lookup(&self.config.current().default_user) {
-                Ok(user) => user
-                    .resolve(cwd)
-                    .map_err(|e| ApiError::BadRequest(e.0.message))?,
-                Err(_) if cwd.starts_with('/') => {
-                    crate::users::normalize(std::path::Path::new(cwd))
-                }
-                Err(e) => return Err(ApiError::Internal(e.0.message)),
-            },
+            Some(cwd) => (found.resolve(cwd)).map_err(|e| ApiError::BadRequest(e.0.message))?,
         };
         if !cwd.is_dir() {
             return Err(ApiError::BadRequest(format!(
@@ -305,7 +307,7 @@ impl Interpreter {
                  delete one first"
             )));
         }
-        let ctx = Arc::new(Context::new(language, cwd, spec));
+        let ctx = Arc::new(Context::new(language, cwd, user, spec));
         registry.contexts.push(ctx.clone());
         Ok(ctx)
     }
@@ -383,10 +385,10 @@ mod tests {
         let py = interp.default_context("python").unwrap();
         let js = interp.default_context("javascript").unwrap();
         assert_eq!(interp.default_context("python").unwrap().id, py.id);
-        let other = interp.new_context("python", Some("/")).unwrap();
+        let other = interp.new_context("python", Some("/"), None).unwrap();
         assert_eq!(interp.default_context("typescript").unwrap().id, js.id);
         assert_eq!(interp.default_context("deno").unwrap().id, js.id);
-        let ts = interp.new_context("typescript", None).unwrap();
+        let ts = interp.new_context("typescript", None, None).unwrap();
         let list = interp.list();
         let langs: Vec<&str> = list.iter().map(|c| c.language.as_str()).collect();
         assert_eq!(langs, ["python", "javascript", "python", "typescript"]);
@@ -399,9 +401,14 @@ mod tests {
             Err(ApiError::BadRequest(m)) if m.contains("python, javascript, typescript, deno")
         ));
         assert!(matches!(
-            interp.new_context("python", Some("/nonexistent/dir")),
+            interp.new_context("python", Some("/nonexistent/dir"), None),
             Err(ApiError::BadRequest(_))
         ));
+        assert!(matches!(
+            interp.new_context("python", None, Some("nobody-of-that-name")),
+            Err(ApiError::BadRequest(m)) if m.contains("nobody-of-that-name")
+        ));
+        assert_eq!(other.user, "root", "kernels run as root unless told");
 
         // A removed default is recreated, under a new id, at the end.
         assert!(interp.remove(&py.id).is_some());
@@ -416,13 +423,13 @@ mod tests {
     fn contexts_are_capped_and_a_delete_makes_room() {
         let (_dir, interp) = interpreter();
         let made: Vec<_> = (0..MAX_CONTEXTS)
-            .map(|_| interp.new_context("python", None).unwrap())
+            .map(|_| interp.new_context("python", None, None).unwrap())
             .collect();
         assert!(matches!(
-            interp.new_context("python", None),
+            interp.new_context("python", None, None),
             Err(ApiError::TooMany(_))
         ));
         interp.remove(&made[0].id).unwrap();
-        interp.new_context("python", None).unwrap();
+        interp.new_context("python", None, None).unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //! NDJSON, `/contexts` CRUD), served by driving real Jupyter kernels over ZeroMQ.
 //!
 //! * `kernelspec` finds the template's kernels and maps a request's language to one.
-//! * `kernel` starts a kernel process as the sandbox user and runs code in it: output, results,
+//! * `kernel` starts a kernel process as its context's user and runs code in it: output, results,
 //!   errors, interrupts when the client leaves, crashes.
 //! * `contexts` keeps the contexts (a kernel each, one run at a time, replaced when it dies).
 //! * `envcode` keeps kernels' env vars in line with the sandbox's and a run's own.

@@ -107,7 +107,6 @@ impl Kernel {
             .await;
             return RunEnd::KernelGone;
         }
-        self.runs += 1;
 
         let mut run = RunState::new(self.spec.dialect());
         let end = self.follow(&msg_id, &mut run, out).await;

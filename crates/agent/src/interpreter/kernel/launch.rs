@@ -202,8 +202,6 @@ impl Kernel {
 
         let mut kernel = Kernel {
             spec: spec.clone(),
-            user: user.name.clone(),
-            runs: 0,
             identity,
             switch,
             exit,

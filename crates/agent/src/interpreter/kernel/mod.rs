@@ -1,6 +1,6 @@
 //! One Jupyter kernel process and our client side of its ZeroMQ channels.
 //!
-//! The kernel runs as the sandbox's default user in its own process group, from a connection
+//! The kernel runs as its context's user in its own process group, from a connection
 //! file we write (random loopback ports, HMAC-SHA256 key). Messages are signed and verified by
 //! `jupyter-zmq-client`; their content is read as raw JSON so every MIME type and field a kernel
 //! sends reaches the client as it was. A task per channel forwards decoded messages into bounded
@@ -72,10 +72,6 @@ pub enum RunEnd {
 /// A running kernel.
 pub struct Kernel {
     spec: Kernelspec,
-    /// The user it runs as.
-    pub user: String,
-    /// Executions of user code so far.
-    pub runs: u64,
     /// The agent's identity generation its random state belongs to (see [`reseed_snippet`]).
     identity: u64,
     switch: Arc<KillSwitch>,
