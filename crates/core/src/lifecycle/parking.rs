@@ -132,4 +132,11 @@ impl Lifecycle {
                 .spawn(self.release(sandbox.id().clone(), runtime.placement.slot));
         }
     }
+
+    /// Destroys a paused sandbox's parked runtime, if it has one, and waits until it is gone.
+    pub(super) async fn destroy_parked(&self, sandbox: &Sandbox) {
+        if let Some(runtime) = sandbox.take_parked() {
+            (self.release(sandbox.id().clone(), runtime.placement.slot)).await;
+        }
+    }
 }

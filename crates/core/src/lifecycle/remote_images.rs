@@ -236,8 +236,10 @@ impl Lifecycle {
         let id = sandbox.id().clone();
         tracing::info!(sandbox = %id, "another node took this paused sandbox over; forgetting this node's copy");
         sandbox.set_phase(Phase::Stopping, None);
+        // Its runtime is gone before its id is free here: a takeover restores the sandbox
+        // under the same id at once, which a runtime still being destroyed would refuse.
+        self.destroy_parked(sandbox).await;
         self.sandboxes.remove(&id);
-        self.let_parked_go(sandbox);
         self.driver
             .delete_image(&paused_image(&id))
             .await

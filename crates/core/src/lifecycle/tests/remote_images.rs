@@ -61,6 +61,10 @@ async fn a_paused_sandbox_another_node_took_over_is_forgotten_here() {
         "its old image is gone"
     );
     assert!(
+        driver.destroyed.lock().unwrap().contains(&moved),
+        "and so is its parked runtime, before the answer: a takeover here reuses its id at once"
+    );
+    assert!(
         lc.record(moved.as_str()).is_err(),
         "and so is its record here"
     );
