@@ -4,7 +4,8 @@
 # namespace of its own (alc-node-I, address 10.78.0.(10+I) on the host's bridge alc-br0, which is
 # 10.78.0.1), with its own data dir and `--instance node-I` (so that no node sees, or sweeps,
 # another's sandboxes). Gateways run on the host, at 127.0.0.1:(3100+J). PostgreSQL and S3
-# listen on 10.78.0.1 too, for the nodes.
+# listen on 10.78.0.1 too, for the nodes. Webhooks may be at private addresses
+# (--webhooks-allow-private), so that a test's receiver on loopback gets what gateways send.
 #
 #   scripts/cluster.sh up [--nodes N] [--gateways M] [--dir DIR]     (default: 2 nodes, 1 gateway)
 #       prints only `export ...` lines, to eval: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (a
@@ -128,7 +129,7 @@ start_node() {
     --data-dir "$dir/$name" --database "$PGURL" --database-ca "$PGCA"
     serve --role node --cluster-secret-file "$dir/cluster-secret"
     --node-name "$name" --instance "$name"
-    --listen 0.0.0.0:3000 --object-store "$S3URL")
+    --listen 0.0.0.0:3000 --object-store "$S3URL" --webhooks-allow-private)
   if [ "$name" != node-1 ]; then
     own=$dir/$name-templates
     mkdir -p "$own"
@@ -148,7 +149,7 @@ start_gateway() {
   nodes=$(cat "$dir/node-endpoints")
   setsid "$AIRLOCK" --data-dir "$dir/$name" --database "$PGURL" --database-ca "$PGCA" \
     serve --role gateway --listen "127.0.0.1:$port" --nodes "$nodes" \
-    --cluster-secret-file "$dir/cluster-secret" \
+    --cluster-secret-file "$dir/cluster-secret" --webhooks-allow-private \
     >"$dir/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$dir/pids/$name"
 }

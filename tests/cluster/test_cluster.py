@@ -3,6 +3,7 @@ PostgreSQL and an S3 server, each with templates of its own (node-2 fetches them
 gateway and then a node."""
 
 import concurrent.futures
+import json
 import subprocess
 import time
 import uuid
@@ -13,6 +14,7 @@ from e2b import Sandbox, Template
 from e2b.exceptions import RateLimitException, SandboxException
 
 from harness import fetch
+from receiver import Receiver, signature
 
 
 def node_of(cluster, sandbox_id, gateway=0):
@@ -441,12 +443,18 @@ def wait_for(condition, timeout, what):
 
 def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster):
     """Pause on node A, stop A as a power loss would: within 10 s it is unhealthy, creates go
-    on succeeding on B, A's running sandbox is reported lost, and the paused one resumes on B
+    on succeeding on B, A's running sandbox is reported lost (and, killed, its killed event is
+    recorded and sent to the key's webhook by the gateway), and the paused one resumes on B
     with its file and its background process."""
     made = [Sandbox.create("base", **cluster.sdk()) for _ in range(4)]
     paused = made[0]
     lost_node = node_of(cluster, paused.sandbox_id)
     running_there = [s for s in made[1:] if node_of(cluster, s.sandbox_id) == lost_node]
+    receiver = Receiver()
+    status, hook = cluster.api("POST", "/events/webhooks", body={
+        "name": "lost", "url": receiver.url("/lost"), "events": ["sandbox.lifecycle.killed"],
+        "signatureSecret": "s3cret"})
+    assert status == 201, hook
     try:
         paused.files.write("/home/user/state.txt", "before the loss")
         paused.commands.run(
@@ -480,6 +488,15 @@ def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster
         assert status == 404, body
         listed = [s.sandbox_id for s in Sandbox.list(**cluster.sdk()).next_items()]
         assert gone not in listed and fresh[0].sandbox_id in listed, listed
+        # Its node cannot tell of the kill: the gateway records the event and sends it.
+        status, events = cluster.api("GET", f"/events/sandboxes/{gone}?orderAsc=true")
+        assert status == 200, events
+        assert [e["type"] for e in events] == [
+            "sandbox.lifecycle.created", "sandbox.lifecycle.killed"], events
+        sent = receiver.wait("/lost", lambda got: any(gone.encode() in raw for _, raw in got))
+        headers, raw = next((h, raw) for h, raw in sent if gone.encode() in raw)
+        assert json.loads(raw)["type"] == "sandbox.lifecycle.killed"
+        assert headers["e2b-signature"] == signature("s3cret", raw)
 
         resumed = Sandbox.connect(paused.sandbox_id, **cluster.sdk(gateway=1))
         assert node_of(cluster, paused.sandbox_id) != lost_node
@@ -489,3 +506,5 @@ def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster
         assert int(resumed.commands.run("cat /tmp/count").stdout) > first
     finally:
         kill_all(made)
+        cluster.api("DELETE", f"/events/webhooks/{hook['id']}")
+        receiver.stop()

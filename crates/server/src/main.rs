@@ -547,6 +547,7 @@ async fn run(cli: Cli) -> ExitCode {
                     database,
                     nodes,
                     secret,
+                    webhooks_allow_private,
                 })
                 .await;
             }

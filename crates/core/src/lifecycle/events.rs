@@ -47,20 +47,12 @@ pub(super) fn network_data(r: &SandboxRecord) -> serde_json::Value {
 }
 
 impl Lifecycle {
-    /// Records that `kind` happened to the sandbox `r` now. A sandbox without an owner has no
-    /// events: no key could read them.
+    /// Records that `kind` happened to the sandbox `r` now (if it has an owner).
     pub(super) fn emit(&self, r: &SandboxRecord, kind: EventType, data: Option<serde_json::Value>) {
-        let Some(owner) = &r.owner else { return };
-        let event = SandboxEvent {
-            id: uuid::Uuid::new_v4().to_string(),
-            owner: owner.clone(),
-            sandbox_id: r.id.to_string(),
-            kind,
-            at_us: super::create::start_stamp(),
-            build_id: r.template.to_string(),
-            data,
-        };
-        self.journal.queue.push(event);
+        let at_us = super::create::start_stamp();
+        if let Some(event) = SandboxEvent::of(r, kind, at_us, data) {
+            self.journal.queue.push(event);
+        }
     }
 
     /// Waits (a while) until the events queued so far are written.

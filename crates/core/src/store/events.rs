@@ -2,6 +2,7 @@
 //! outlive their sandbox: a killed sandbox's events are read after its kill.
 
 use super::db::{Db, Row, Value};
+use super::SandboxRecord;
 use super::StoreError;
 
 /// How long events are kept (E2B's retention).
@@ -61,6 +62,27 @@ pub struct SandboxEvent {
     pub build_id: String,
     /// Details (the new deadline of an update, say), as E2B's `eventData`.
     pub data: Option<serde_json::Value>,
+}
+
+impl SandboxEvent {
+    /// Event `kind` of sandbox `r` at `at_us` (Unix microseconds). A sandbox without an owner
+    /// has no events: no key could read them.
+    pub fn of(
+        r: &SandboxRecord,
+        kind: EventType,
+        at_us: i64,
+        data: Option<serde_json::Value>,
+    ) -> Option<SandboxEvent> {
+        Some(SandboxEvent {
+            id: uuid::Uuid::new_v4().to_string(),
+            owner: r.owner.clone()?,
+            sandbox_id: r.id.to_string(),
+            kind,
+            at_us,
+            build_id: r.template.to_string(),
+            data,
+        })
+    }
 }
 
 /// Which of a key's events a read wants.

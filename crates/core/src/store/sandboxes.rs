@@ -109,7 +109,7 @@ pub struct SandboxRecord {
 const COLUMNS: &str = "id, template, rootfs, state, slot, access_token, metadata, env_vars, \
                        started_at_us, end_at, cpu_count, memory_mb, disk_mb, pause_on_timeout, \
                        auto_resume, owner, egress, traffic_access_token, require_traffic_token, \
-                       timeout_pause, pause_mode, volume_mounts, node FROM sandboxes";
+                       timeout_pause, pause_mode, volume_mounts, node";
 
 /// The columns a record is written to, in [`row_params`]' order, with the SQL type that
 /// PostgreSQL needs to be told for an `INSERT ... SELECT`'s parameters.
@@ -411,12 +411,13 @@ impl SandboxRecords {
     /// Marks killed (as [`SandboxRecords::stop_lost`] does) every running sandbox whose
     /// timeout passed before `before` (Unix seconds) on a node not among `answering`: nobody
     /// runs it, so nobody else ends it, and it would hold its key's quota for good. Rows of no
-    /// node and rows with a verb under way are left alone. How many were marked.
+    /// node and rows with a verb under way are left alone. The rows this call marked (of
+    /// several gateways at once, each row is one's).
     pub async fn stop_lost_past_timeout(
         &self,
         answering: &[String],
         before: i64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<SandboxRecord>, StoreError> {
         let others: Vec<String> = (0..answering.len())
             .map(|i| format!("${}", i + 2))
             .collect();
@@ -427,11 +428,12 @@ impl SandboxRecords {
         let sql = format!(
             "UPDATE sandboxes SET transition = 'stopping'
              WHERE state = 'running' AND transition IS NULL AND node <> ''
-               AND end_at < CAST($1 AS BIGINT) {not_answering}"
+               AND end_at < CAST($1 AS BIGINT) {not_answering}
+             RETURNING {COLUMNS}"
         );
         let mut params: Vec<Value> = vec![before.into()];
         params.extend(answering.iter().map(|n| Value::from(n.as_str())));
-        self.db.execute(&sql, &params).await
+        self.db.query(&sql, &params, record).await
     }
 
     /// After `node` (re)starts: forgets the creates it had not finished and the kills whose
@@ -525,7 +527,8 @@ impl SandboxRecords {
 
     /// Every sandbox of every node, in the order they were created.
     pub async fn all(&self) -> Result<Vec<SandboxRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} WHERE {LISTED} ORDER BY started_at_us, id");
+        let sql =
+            format!("SELECT {COLUMNS} FROM sandboxes WHERE {LISTED} ORDER BY started_at_us, id");
         self.db.query(&sql, &[], record).await
     }
 
@@ -533,25 +536,25 @@ impl SandboxRecords {
     /// for those killed.
     pub async fn of_owner(&self, owner: &str) -> Result<Vec<SandboxRecord>, StoreError> {
         let sql =
-            format!("SELECT {COLUMNS} WHERE owner = $1 AND {ALIVE} ORDER BY started_at_us, id");
+            format!("SELECT {COLUMNS} FROM sandboxes WHERE owner = $1 AND {ALIVE} ORDER BY started_at_us, id");
         self.db.query(&sql, &[owner.into()], record).await
     }
 
     /// The sandboxes `node` runs or keeps paused, in the order they were created.
     pub async fn of_node(&self, node: &str) -> Result<Vec<SandboxRecord>, StoreError> {
         let sql =
-            format!("SELECT {COLUMNS} WHERE node = $1 AND {LISTED} ORDER BY started_at_us, id");
+            format!("SELECT {COLUMNS} FROM sandboxes WHERE node = $1 AND {LISTED} ORDER BY started_at_us, id");
         self.db.query(&sql, &[node.into()], record).await
     }
 
     pub async fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} WHERE id = $1 AND {LISTED}");
+        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = $1 AND {LISTED}");
         self.db.query_opt(&sql, &[id.as_str().into()], record).await
     }
 
     /// Sandbox `id` unless it is starting or killed: what a gateway routes to.
     pub async fn alive(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} WHERE id = $1 AND {ALIVE}");
+        let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = $1 AND {ALIVE}");
         self.db.query_opt(&sql, &[id.as_str().into()], record).await
     }
 }

@@ -5,11 +5,14 @@ use crate::cluster::ClusterSecret;
 use crate::gateway::forward::Forwarder;
 use crate::gateway::nodes::{node_client, NodeTable};
 use crate::gateway::{routes, Gateway};
+use crate::http::webhooks::deliver;
 use airlock_core::store::{Database, Store};
+use airlock_core::webhook::Deliverer;
 use anyhow::Context;
 use axum::Router;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use tokio::sync::mpsc;
 
 pub struct GatewayOptions {
     pub listen: SocketAddr,
@@ -18,7 +21,12 @@ pub struct GatewayOptions {
     /// `--nodes`: `host:port` entries, each a node or a name with a node at every address.
     pub nodes: Vec<String>,
     pub secret: ClusterSecret,
+    /// `--webhooks-allow-private`: webhooks may be at private and loopback addresses.
+    pub webhooks_allow_private: bool,
 }
+
+/// Events recorded here but not yet taken by the webhook deliveries; more are not delivered.
+const WEBHOOK_FEED_ROOM: usize = 256;
 
 pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
     let store = Arc::new(
@@ -26,6 +34,11 @@ pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
             .await
             .context("opening the state database in the PostgreSQL that --database names")?,
     );
+    // A gateway runs no sandboxes: only the rule on private addresses applies to webhooks.
+    let webhooks = Deliverer::new(Vec::new(), opts.webhooks_allow_private)
+        .context("setting up webhook deliveries")?;
+    let (webhook_feed, feed) = mpsc::channel(WEBHOOK_FEED_ROOM);
+    tokio::spawn(deliver(store.clone(), Arc::new(webhooks), feed));
     let client = node_client();
     let nodes = NodeTable::new(opts.nodes, opts.secret.clone(), client.clone());
     // The first round before serving, so that the first create finds the nodes.
@@ -39,6 +52,7 @@ pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
             secret: opts.secret,
         },
         signers: Default::default(),
+        webhook_feed,
     });
     tokio::spawn(crate::gateway::lost::give_up_lost(state.clone()));
     // No body limit here: each node bounds what it takes, and sandbox traffic streams.

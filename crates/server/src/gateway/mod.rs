@@ -12,8 +12,9 @@ mod placement;
 pub mod routes;
 mod signed_files;
 
-use airlock_core::store::Store;
+use airlock_core::store::{SandboxEvent, Store};
 use std::sync::Arc;
+use tokio::sync::mpsc;
 
 pub struct Gateway {
     pub store: Arc<Store>,
@@ -21,6 +22,9 @@ pub struct Gateway {
     pub forward: forward::Forwarder,
     /// Signed file URLs' signatures already matched to their sandbox.
     pub signers: crate::proxy::signed_urls::Signers,
+    /// The events this gateway records (of sandboxes lost with their node, whose node cannot),
+    /// for its webhook deliveries.
+    pub webhook_feed: mpsc::Sender<SandboxEvent>,
 }
 
 pub type GatewayState = Arc<Gateway>;

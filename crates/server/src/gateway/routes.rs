@@ -241,6 +241,7 @@ async fn kill_lost(gw: &GatewayState, record: &SandboxRecord) -> Response {
     {
         Ok(true) => {
             tracing::info!(sandbox = %record.id, node = %record.node, "killed a sandbox lost with its node");
+            super::lost::record_killed(gw, record).await;
             StatusCode::NO_CONTENT.into_response()
         }
         // Another verb took it meanwhile (a kill through another gateway).
