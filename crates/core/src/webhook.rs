@@ -116,9 +116,12 @@ struct LaneShared {
 }
 
 impl Deliverer {
-    /// `unreachable` is what no sandbox may reach (the driver's list); `allow_private` lets
-    /// webhooks reach it anyway (`--webhooks-allow-private`).
-    pub fn new(unreachable: Vec<Ipv4Net>, allow_private: bool) -> Result<Self, WebhookError> {
+    /// Webhooks never reach the ranges no sandbox may ([`crate::egress::PLATFORM_DENY`]:
+    /// loopback, private, link-local and cloud metadata) nor `unreachable` (the driver's own
+    /// list, e.g. the host's addresses; empty on a gateway), unless `allow_private`
+    /// (`--webhooks-allow-private`).
+    pub fn new(mut unreachable: Vec<Ipv4Net>, allow_private: bool) -> Result<Self, WebhookError> {
+        unreachable.extend(crate::egress::platform_deny());
         // TLS needs a crypto provider chosen for the process; an error means one is chosen.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let targets = Arc::new(Targets {
@@ -289,6 +292,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn private_addresses_are_refused_with_no_list_of_the_drivers() {
+        // A gateway's deliverer: it runs no sandboxes, so it has no driver's list.
+        let gateway = Deliverer::new(Vec::new(), false).unwrap();
+        for url in [
+            "http://127.0.0.1/x",
+            "http://169.254.169.254/latest",
+            "http://10.1.2.3/",
+        ] {
+            assert!(gateway.check_url(url).is_err(), "{url}");
+        }
+        assert!(gateway.check_url("http://93.184.215.14/hook").is_ok());
+        let allowed = Deliverer::new(Vec::new(), true).unwrap();
+        assert!(allowed.check_url("http://127.0.0.1/x").is_ok());
+    }
 
     fn deliverer(allow_private: bool) -> Deliverer {
         let unreachable = ["127.0.0.0/8", "10.0.0.0/8", "169.254.0.0/16"]

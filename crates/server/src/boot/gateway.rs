@@ -34,7 +34,7 @@ pub async fn serve_gateway(opts: GatewayOptions) -> anyhow::Result<()> {
             .await
             .context("opening the state database in the PostgreSQL that --database names")?,
     );
-    // A gateway runs no sandboxes: only the rule on private addresses applies to webhooks.
+    // A gateway runs no sandboxes: no driver adds addresses to the private ranges refused.
     let webhooks = Deliverer::new(Vec::new(), opts.webhooks_allow_private)
         .context("setting up webhook deliveries")?;
     let (webhook_feed, feed) = mpsc::channel(WEBHOOK_FEED_ROOM);
