@@ -127,16 +127,20 @@ impl Lifecycle {
 
     /// Destroys a paused sandbox's parked runtime, if it has one, in the background.
     pub(super) fn let_parked_go(&self, sandbox: &Sandbox) {
-        if let Some(runtime) = sandbox.take_parked() {
-            self.destroying
-                .spawn(self.release(sandbox.id().clone(), runtime.placement.slot));
-        }
+        self.destroy_parked_task(sandbox);
     }
 
     /// Destroys a paused sandbox's parked runtime, if it has one, and waits until it is gone.
+    /// The destroy is a task of its own: a caller that is cancelled does not cut it short.
     pub(super) async fn destroy_parked(&self, sandbox: &Sandbox) {
-        if let Some(runtime) = sandbox.take_parked() {
-            (self.release(sandbox.id().clone(), runtime.placement.slot)).await;
+        if let Some(destroy) = self.destroy_parked_task(sandbox) {
+            let _ = destroy.await;
         }
+    }
+
+    fn destroy_parked_task(&self, sandbox: &Sandbox) -> Option<tokio::task::JoinHandle<()>> {
+        let runtime = sandbox.take_parked()?;
+        let release = self.release(sandbox.id().clone(), runtime.placement.slot);
+        Some(self.destroying.spawn(release))
     }
 }

@@ -13,6 +13,18 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 pub(super) struct Registry(Mutex<HashMap<SandboxId, Arc<Sandbox>>>);
 
+/// See [`Registry::remove_on_drop`].
+pub(super) struct Removal<'a> {
+    registry: &'a Registry,
+    id: SandboxId,
+}
+
+impl Drop for Removal<'_> {
+    fn drop(&mut self) {
+        self.registry.remove(&self.id);
+    }
+}
+
 impl Registry {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Arc<Sandbox>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
@@ -32,6 +44,12 @@ impl Registry {
 
     pub fn remove(&self, id: &SandboxId) {
         self.map().remove(id);
+    }
+
+    /// Removes `id` when the guard is dropped: at the end of the caller's scope, or when the
+    /// caller's future is cancelled, so that an id is never left taken.
+    pub fn remove_on_drop(&self, id: SandboxId) -> Removal<'_> {
+        Removal { registry: self, id }
     }
 
     /// Sandboxes that hold a place among the running (see [`Phase::occupies`]).

@@ -237,9 +237,11 @@ impl Lifecycle {
         tracing::info!(sandbox = %id, "another node took this paused sandbox over; forgetting this node's copy");
         sandbox.set_phase(Phase::Stopping, None);
         // Its runtime is gone before its id is free here: a takeover restores the sandbox
-        // under the same id at once, which a runtime still being destroyed would refuse.
+        // under the same id at once, which a runtime still being destroyed would refuse. (If
+        // this request is cancelled meanwhile, the id is freed and the destroy goes on.)
+        let forgotten = self.sandboxes.remove_on_drop(id.clone());
         self.destroy_parked(sandbox).await;
-        self.sandboxes.remove(&id);
+        drop(forgotten);
         self.driver
             .delete_image(&paused_image(&id))
             .await
