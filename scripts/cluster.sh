@@ -5,7 +5,8 @@
 # 10.78.0.1), with its own data dir and `--instance node-I` (so that no node sees, or sweeps,
 # another's sandboxes). Gateways run on the host, at 127.0.0.1:(3100+J). PostgreSQL and S3
 # listen on 10.78.0.1 too, for the nodes. Webhooks may be at private addresses
-# (--webhooks-allow-private), so that a test's receiver on loopback gets what gateways send.
+# (--webhooks-allow-private): nodes then accept a test's receiver on the host's loopback, which
+# only gateways (on the host) reach, for the events they send.
 #
 #   scripts/cluster.sh up [--nodes N] [--gateways M] [--dir DIR]     (default: 2 nodes, 1 gateway)
 #       prints only `export ...` lines, to eval: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (a

@@ -249,7 +249,8 @@ enum Command {
         /// are also in object storage (--object-store): a create from a snapshot taken on
         /// another node downloads its image and keeps it for the next. Past this budget, the
         /// copies started from least recently are deleted (checked every minute); their next
-        /// create downloads them again.
+        /// create downloads them again. A snapshot whose upload failed exists here alone: it
+        /// neither counts nor goes. 0 keeps no copy past the minute.
         #[arg(long, default_value_t = 10 * 1024, env = "AIRLOCK_SNAPSHOT_CACHE_MB")]
         snapshot_cache_mb: u64,
         /// Most CPUs one sandbox may ask for (`cpuCount` in the create body; default 2).

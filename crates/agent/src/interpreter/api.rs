@@ -384,7 +384,7 @@ mod tests {
 }
 
 /// Round trips through real kernels. Needs kernelspecs with a Python kernel (ipykernel) in
-/// `$AIRLOCK_TEST_KERNELS_DIR`; runs them as root, the contexts' default user (so as root), e.g.
+/// `$AIRLOCK_TEST_KERNELS_DIR`; runs them as root, the contexts' default user (so it needs root), e.g.
 /// `AIRLOCK_TEST_KERNELS_DIR=/tmp/kernels cargo test -p airlock-agent -- --ignored real_kernel`.
 #[cfg(test)]
 mod real_kernel_tests {
@@ -425,7 +425,6 @@ mod real_kernel_tests {
         config
             .apply_init(InitRequest {
                 env_vars: [("GLOBAL_V".to_string(), "g".to_string())].into(),
-                default_user: std::env::var("USER").ok().or(Some("root".into())),
                 default_workdir: Some("/tmp".into()),
                 ..Default::default()
             })

@@ -222,7 +222,7 @@ pub struct Limits {
     pub paused_memory_mb: u64,
     /// The most disk this node's copies of snapshot images that are also in object storage
     /// may take; past it, the least recently started from are deleted (and downloaded again
-    /// at their next use).
+    /// at their next use). Copies on this node alone do not count.
     pub snapshot_cache_mb: u64,
 }
 

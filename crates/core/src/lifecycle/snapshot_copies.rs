@@ -3,9 +3,9 @@
 //! the copies are then tended every minute:
 //! - a copy of a snapshot deleted (or taken again under its name) through another node is
 //!   deleted, so that a deleted snapshot's memory and files stay on no disk;
-//! - past `Limits::snapshot_cache_mb`, the copies started from least recently are deleted,
-//!   as long as object storage has them (the next create downloads them again). A snapshot
-//!   whose upload failed is on this node alone and is never trimmed.
+//! - past `Limits::snapshot_cache_mb`, counting the copies that object storage holds too, the
+//!   ones started from least recently are deleted (the next create downloads them again). A
+//!   snapshot whose upload failed is on this node alone: it neither counts nor goes.
 
 use super::create::{Launch, Started};
 use super::{Lifecycle, LifecycleError, SNAPSHOT_PREFIX};
@@ -42,21 +42,23 @@ impl Lifecycle {
         if !self.shares_images() {
             return; // each snapshot is on this node alone, and its delete deletes it here
         }
+        // Found before anything is held: object storage may be slow to answer.
+        let found_at = Instant::now();
+        let over_budget = self.snapshot_copies_over_budget().await;
         let (Ok(_alone), Ok(_no_fetch)) = (
             self.remote.snapshot_images_in_use.try_write(),
             self.remote.snapshot_fetches.try_lock(),
         ) else {
             return; // the next round
         };
-        let copies: Vec<String> = match self.driver.images() {
-            Ok(images) => (images.into_iter())
-                .filter(|image| image.starts_with(SNAPSHOT_PREFIX))
-                .collect(),
+        let copies: HashSet<String> = match self.snapshot_copies() {
+            Ok(copies) => copies.into_iter().collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "listing this node's images failed");
                 return;
             }
         };
+        (self.remote.snapshot_uses.lock().unwrap()).retain(|image, _| copies.contains(image));
         if copies.is_empty() {
             return;
         }
@@ -67,51 +69,77 @@ impl Lifecycle {
                 return;
             }
         };
-        let (live, deleted): (Vec<String>, Vec<String>) = copies
-            .into_iter()
-            .partition(|image| recorded.contains(image));
-        for image in &deleted {
+        for image in copies.iter().filter(|image| !recorded.contains(*image)) {
             tracing::info!(image, "deleting this node's copy of a deleted snapshot");
             self.delete_snapshot_copy(image).await;
         }
-        self.trim_snapshot_copies(live).await;
+        for image in over_budget.iter().filter(|image| recorded.contains(*image)) {
+            let used = self
+                .remote
+                .snapshot_uses
+                .lock()
+                .unwrap()
+                .get(image)
+                .copied();
+            if used.is_some_and(|used| used > found_at) {
+                continue; // started from since: no longer the least recently used
+            }
+            tracing::info!(image, budget_mb = self.limits.snapshot_cache_mb, "deleting this node's least recently used snapshot copy: the copies in object storage too are over their budget (--snapshot-cache-mb)");
+            self.delete_snapshot_copy(image).await;
+        }
     }
 
-    /// Deletes copies in `live`, least recently started from first (those not started from
-    /// since this server started count as oldest), until they fit the budget.
-    async fn trim_snapshot_copies(&self, live: Vec<String>) {
+    /// The snapshot images on this node's disk.
+    fn snapshot_copies(&self) -> Result<Vec<String>, crate::driver::DriverError> {
+        let images = self.driver.images()?;
+        Ok((images.into_iter())
+            .filter(|image| image.starts_with(SNAPSHOT_PREFIX))
+            .collect())
+    }
+
+    /// The copies here that object storage holds too, least recently started from first (those
+    /// not started from since this server started count as oldest), that must go for the rest
+    /// of them to fit the budget. Copies on this node alone (their upload failed) neither count
+    /// nor go. Empty within the budget, and when object storage does not answer.
+    async fn snapshot_copies_over_budget(&self) -> Vec<String> {
         let budget = self.limits.snapshot_cache_mb << 20;
-        let mut sized: Vec<(Option<Instant>, String, u64)> = {
+        let sized: Vec<(String, u64)> = (self.snapshot_copies().unwrap_or_default().into_iter())
+            .map(|image| {
+                let bytes = self.driver.image_size(&image);
+                (image, bytes)
+            })
+            .collect();
+        if sized.iter().map(|(_, bytes)| bytes).sum::<u64>() <= budget {
+            return Vec::new(); // no question for object storage
+        }
+        let mut stored = Vec::new();
+        for (image, bytes) in sized {
+            match self.snapshot_stored(&image).await {
+                Ok(true) => stored.push((image, bytes)),
+                Ok(false) => {} // the only copy there is
+                Err(e) => {
+                    tracing::warn!(error = %e, "object storage does not answer; snapshot copies are trimmed later");
+                    return Vec::new();
+                }
+            }
+        }
+        let mut total: u64 = stored.iter().map(|(_, bytes)| bytes).sum();
+        let mut by_use: Vec<(Option<Instant>, String, u64)> = {
             let uses = self.remote.snapshot_uses.lock().unwrap();
-            (live.into_iter())
-                .map(|image| {
-                    let bytes = self.driver.image_size(&image);
-                    (uses.get(&image).copied(), image, bytes)
-                })
+            (stored.into_iter())
+                .map(|(image, bytes)| (uses.get(&image).copied(), image, bytes))
                 .collect()
         };
-        let mut total: u64 = sized.iter().map(|(_, _, bytes)| bytes).sum();
-        if total <= budget {
-            return;
-        }
-        sized.sort();
-        for (_, image, bytes) in sized {
+        by_use.sort();
+        let mut over = Vec::new();
+        for (_, image, bytes) in by_use {
             if total <= budget {
                 break;
             }
-            match self.snapshot_stored(&image).await {
-                Ok(true) => {}
-                Ok(false) => continue, // the only copy there is
-                Err(e) => {
-                    tracing::warn!(image, error = %e, "object storage does not answer; snapshot copies are trimmed later");
-                    return;
-                }
-            }
-            tracing::info!(image, bytes, budget, "deleting this node's least recently used snapshot copy: the copies are over their budget (--snapshot-cache-mb)");
-            if self.delete_snapshot_copy(&image).await {
-                total -= bytes;
-            }
+            total -= bytes;
+            over.push(image);
         }
+        over
     }
 
     async fn delete_snapshot_copy(&self, image: &str) -> bool {
