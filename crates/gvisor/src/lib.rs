@@ -55,6 +55,7 @@ mod oci;
 mod runsc;
 mod runsc_version;
 mod sweep;
+mod teardowns;
 mod volumes;
 
 use airlock_core::driver::{Driver, DriverError, LaunchSpec, Placement, RootfsWrites};
@@ -119,8 +120,11 @@ pub struct GvisorDriver {
     agent_binary: String,
     fingerprint: String,
     network: Network,
+    teardowns: teardowns::Teardowns,
 }
 
+/// How long a launch waits for a teardown of the same id to end (see `teardowns.rs`).
+const TEARDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a checkpoint waits for the host's connections into the sandbox to close.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The least memory the host allows a sandbox beyond its size, for gVisor itself.
@@ -175,6 +179,7 @@ impl GvisorDriver {
             agent_binary: utf8("agent binary", &agent)?.to_owned(),
             fingerprint,
             network,
+            teardowns: Default::default(),
         })
     }
 
@@ -354,6 +359,7 @@ impl GvisorDriver {
             return Err(invalid("rootfs", &spec.rootfs, "is not a directory"));
         }
         let rootfs = utf8("rootfs", &spec.rootfs)?;
+        self.teardowns.wait_for(id, TEARDOWN_PATIENCE).await;
         // Cleaning up after a failed launch must never hit another sandbox's resources, so
         // refuse to start over anything that already exists.
         if links::netns_path(&self.instance.netns_name(id)).exists() || self.bundle_dir(id).exists()
@@ -542,6 +548,7 @@ impl Driver for GvisorDriver {
 
     async fn destroy(&self, id: &SandboxId, slot: u32) -> Result<(), DriverError> {
         let started = Instant::now();
+        let _ending = self.teardowns.begin(id.as_str());
         let result = self.teardown(id.as_str(), Some(slot)).await;
         tracing::debug!(%id, slot, elapsed = ?started.elapsed(), ok = result.is_ok(), "sandbox destroyed");
         result
