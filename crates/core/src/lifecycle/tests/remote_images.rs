@@ -6,12 +6,28 @@ use super::*;
 use crate::objects::ImageObjects;
 use crate::store::SnapshotRecord;
 
+type InMemory = object_store::memory::InMemory;
+
+/// A node that shares images through an in-memory object store, on a recording driver.
+async fn sharing(
+    limits: Limits,
+) -> (
+    tempfile::TempDir,
+    Arc<Store>,
+    Arc<Lifecycle>,
+    Arc<RecordingDriver>,
+    Arc<InMemory>,
+) {
+    let driver = Arc::new(RecordingDriver::default());
+    let (dir, store, lc) = setup(driver.clone(), limits).await;
+    let objects = Arc::new(InMemory::new());
+    assert!(lc.use_object_store(ImageObjects::with_store(objects.clone())));
+    (dir, store, lc, driver, objects)
+}
+
 #[tokio::test]
 async fn a_pause_whose_upload_fails_still_pauses_and_counts_the_failure() {
-    let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
-    let objects = Arc::new(object_store::memory::InMemory::new());
-    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let (_dir, store, lc, driver, _) = sharing(Limits::default()).await;
     let sbx = lc.create(params()).await.unwrap();
     let id = sbx.id().clone();
     // The recording driver's images are not files, so there is nothing to upload.
@@ -33,10 +49,7 @@ async fn a_pause_whose_upload_fails_still_pauses_and_counts_the_failure() {
 
 #[tokio::test]
 async fn a_paused_sandbox_another_node_took_over_is_forgotten_here() {
-    let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
-    let objects = Arc::new(object_store::memory::InMemory::new());
-    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let (_dir, store, lc, driver, _) = sharing(Limits::default()).await;
     let kept = lc.create(params()).await.unwrap().id().clone();
     let moved = lc.create(params()).await.unwrap().id().clone();
     let quiet = lc.create(params()).await.unwrap().id().clone();
@@ -93,10 +106,7 @@ async fn a_paused_sandbox_another_node_took_over_is_forgotten_here() {
 
 #[tokio::test]
 async fn a_snapshot_deleted_through_another_node_leaves_no_copy_here() {
-    let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
-    let objects = Arc::new(object_store::memory::InMemory::new());
-    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let (_dir, store, lc, driver, _) = sharing(Limits::default()).await;
     let source = lc.create(params()).await.unwrap().id().clone();
     let gone = lc.snapshot(source.as_str(), Some("gone")).await.unwrap();
     let kept = lc.snapshot(source.as_str(), Some("kept")).await.unwrap();
@@ -127,10 +137,7 @@ async fn a_snapshot_deleted_through_another_node_leaves_no_copy_here() {
 
 #[tokio::test]
 async fn a_snapshot_taken_again_under_its_name_gets_an_image_of_its_own() {
-    let driver = Arc::new(RecordingDriver::default());
-    let (_dir, store, lc) = setup(driver.clone(), Limits::default()).await;
-    let objects = Arc::new(object_store::memory::InMemory::new());
-    assert!(lc.use_object_store(ImageObjects::with_store(objects)));
+    let (_dir, store, lc, driver, _) = sharing(Limits::default()).await;
     let source = lc.create(params()).await.unwrap().id().clone();
     let first = lc.snapshot(source.as_str(), Some("ready")).await.unwrap();
     let second = lc.snapshot(source.as_str(), Some("ready")).await.unwrap();
@@ -152,7 +159,7 @@ async fn a_snapshot_taken_again_under_its_name_gets_an_image_of_its_own() {
 
 /// Marks snapshot `image` as whole in object storage, as its upload would have (the recording
 /// driver's images are not files, so no upload succeeds).
-async fn stored(objects: &object_store::memory::InMemory, image: &str) {
+async fn stored(objects: &InMemory, image: &str) {
     use object_store::ObjectStoreExt;
     let manifest = object_store::path::Path::from(format!("snapshots/{image}/manifest.json"));
     objects.put(&manifest, b"{}".to_vec().into()).await.unwrap();
@@ -160,16 +167,13 @@ async fn stored(objects: &object_store::memory::InMemory, image: &str) {
 
 #[tokio::test]
 async fn snapshot_copies_past_their_budget_go_least_recently_used_first() {
-    let driver = Arc::new(RecordingDriver::default());
     // Room for one stored copy of IMAGE_SIZE (3 MiB); a copy on this node alone does not
     // count.
     let limits = Limits {
         snapshot_cache_mb: 4,
         ..Limits::default()
     };
-    let (_dir, _store, lc) = setup(driver.clone(), limits).await;
-    let objects = Arc::new(object_store::memory::InMemory::new());
-    assert!(lc.use_object_store(ImageObjects::with_store(objects.clone())));
+    let (_dir, _, lc, driver, objects) = sharing(limits).await;
     let source = lc.create(params()).await.unwrap().id().clone();
     let only_here = lc
         .snapshot(source.as_str(), Some("only-here"))
@@ -212,10 +216,7 @@ async fn snapshot_copies_past_their_budget_go_least_recently_used_first() {
 
 #[tokio::test]
 async fn snapshot_copies_within_their_budget_stay() {
-    let driver = Arc::new(RecordingDriver::default());
-    let (_dir, _store, lc) = setup(driver.clone(), Limits::default()).await;
-    let objects = Arc::new(object_store::memory::InMemory::new());
-    assert!(lc.use_object_store(ImageObjects::with_store(objects.clone())));
+    let (_dir, _, lc, driver, objects) = sharing(Limits::default()).await;
     let source = lc.create(params()).await.unwrap().id().clone();
     let mut images = Vec::new();
     for name in ["a", "b", "c"] {
