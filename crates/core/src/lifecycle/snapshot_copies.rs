@@ -26,13 +26,24 @@ impl Lifecycle {
     ) -> Result<Started, LifecycleError> {
         let _held = self.remote.snapshot_images_in_use.read().await;
         self.fetch_snapshot(snapshot).await?;
-        (self.start(id, &snapshot.rootfs, Some(&snapshot.image), launch)).await
+        self.start(id, &snapshot.rootfs, Some(&snapshot.image), launch)
+            .await
     }
 
     /// Notes that a sandbox is being started from snapshot `image` now.
     pub(super) fn snapshot_used(&self, image: &str) {
         let mut uses = self.remote.snapshot_uses.lock().unwrap();
         uses.insert(image.to_owned(), Instant::now());
+    }
+
+    /// When a sandbox was last started from snapshot `image` (`None`: not since this start).
+    fn last_use(&self, image: &str) -> Option<Instant> {
+        self.remote
+            .snapshot_uses
+            .lock()
+            .unwrap()
+            .get(image)
+            .copied()
     }
 
     /// Deletes this node's copies of deleted snapshots, then trims the rest to the budget.
@@ -74,14 +85,7 @@ impl Lifecycle {
             self.delete_snapshot_copy(image).await;
         }
         for image in over_budget.iter().filter(|image| recorded.contains(*image)) {
-            let used = self
-                .remote
-                .snapshot_uses
-                .lock()
-                .unwrap()
-                .get(image)
-                .copied();
-            if used.is_some_and(|used| used > found_at) {
+            if self.last_use(image).is_some_and(|used| used > found_at) {
                 continue; // started from since: no longer the least recently used
             }
             tracing::info!(image, budget_mb = self.limits.snapshot_cache_mb, "deleting this node's least recently used snapshot copy: the copies in object storage too are over their budget (--snapshot-cache-mb)");
@@ -124,12 +128,9 @@ impl Lifecycle {
             }
         }
         let mut total: u64 = stored.iter().map(|(_, bytes)| bytes).sum();
-        let mut by_use: Vec<(Option<Instant>, String, u64)> = {
-            let uses = self.remote.snapshot_uses.lock().unwrap();
-            (stored.into_iter())
-                .map(|(image, bytes)| (uses.get(&image).copied(), image, bytes))
-                .collect()
-        };
+        let mut by_use: Vec<(Option<Instant>, String, u64)> = (stored.into_iter())
+            .map(|(image, bytes)| (self.last_use(&image), image, bytes))
+            .collect();
         by_use.sort();
         let mut over = Vec::new();
         for (_, image, bytes) in by_use {
