@@ -441,15 +441,34 @@ def wait_for(condition, timeout, what):
     pytest.fail(f"not within {timeout}s: {what}")
 
 
+def volume_on(cluster, node):
+    """A new volume of the cluster's key kept on `node`: one is made, and a sandbox that mounts
+    it shows where (it runs where its volume is), until one lands there."""
+    from e2b import Volume
+    for _ in range(6):
+        volume = Volume.create(f"vol-{uuid.uuid4().hex[:8]}", api_key=cluster.key,
+                               api_url=cluster.gateways[0])
+        probe = Sandbox.create("base", volume_mounts={"/mnt/v": volume}, **cluster.sdk())
+        there = node_of(cluster, probe.sandbox_id)
+        probe.kill()
+        if there == node:
+            return volume
+        assert Volume.destroy(volume.volume_id, api_key=cluster.key,
+                              api_url=cluster.gateways[0]) is True
+    pytest.fail(f"no volume was made on {node} in 6 tries")
+
+
 def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster):
     """Pause on node A, stop A as a power loss would: within 10 s it is unhealthy, creates go
     on succeeding on B, A's running sandbox is reported lost (and, killed, its killed event is
-    recorded and sent to the key's webhook by the gateway), and the paused one resumes on B
-    with its file and its background process."""
+    recorded and sent to the key's webhook by the gateway), the paused one resumes on B with
+    its file and its background process, and a volume kept on A still shows its record while
+    its files answer 503."""
     made = [Sandbox.create("base", **cluster.sdk()) for _ in range(4)]
     paused = made[0]
     lost_node = node_of(cluster, paused.sandbox_id)
     running_there = [s for s in made[1:] if node_of(cluster, s.sandbox_id) == lost_node]
+    kept_there = volume_on(cluster, lost_node)
     receiver = Receiver()
     status, hook = cluster.api("POST", "/events/webhooks", body={
         "name": "lost", "url": receiver.url("/lost"), "events": ["sandbox.lifecycle.killed"],
@@ -497,6 +516,20 @@ def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster
         headers, raw = next((h, raw) for h, raw in sent if gone.encode() in raw)
         assert json.loads(raw)["type"] == "sandbox.lifecycle.killed"
         assert headers["e2b-signature"] == signature("s3cret", raw)
+
+        # The volume's record is the shared database's: any node reads it. Its files are on
+        # the lost node's disk: a clear 503 that names it, through either gateway.
+        from e2b import Volume
+        for gateway in cluster.gateways:
+            info = Volume.get_info(kept_there.volume_id, api_key=cluster.key, api_url=gateway)
+            assert info.name == kept_there.name
+            status, body = cluster.api("DELETE", f"/volumes/{kept_there.volume_id}",
+                                       base=gateway)
+            assert status == 503 and lost_node in body["message"], body
+        status, _, text = fetch(f"{cluster.gateways[1]}/volumecontent/{kept_there.volume_id}"
+                                "/dir?path=/",
+                                {"Authorization": f"Bearer {kept_there.token}"}, "GET", None)
+        assert status == 503 and lost_node in text.decode(), text
 
         resumed = Sandbox.connect(paused.sandbox_id, **cluster.sdk(gateway=1))
         assert node_of(cluster, paused.sandbox_id) != lost_node

@@ -1,5 +1,5 @@
 //! Where creates and requests that touch a volume go. A volume's files are on the disk of the
-//! node that made it (its record names it), so its content API, its own verbs and every
+//! node that made it (its record names it), so its content API, its delete and every
 //! sandbox that mounts it go there, never to the least loaded node. Other creates go to the
 //! least loaded node, or to one that holds the template's golden image if it is not much busier.
 
@@ -17,8 +17,9 @@ use std::collections::BTreeSet;
 /// The largest create body a gateway reads to place it (a node takes no larger one either).
 const MAX_CREATE_BODY: usize = 2 << 20;
 
-/// The node for `/volumes/{id}` or `/volumecontent/{id}/...`: the volume's own. A volume no
-/// one has goes to any node, which answers for it as for a missing one (404 or 401).
+/// The node for a delete of `/volumes/{id}` or for `/volumecontent/{id}/...`: the volume's
+/// own. A volume no one has goes to any node, which answers for it as for a missing one (404
+/// or 401).
 pub async fn node_of_volume(gw: &GatewayState, id: &str) -> Result<NodeAddress, ApiError> {
     match gw.store.volumes().by_id(id).await? {
         Some(volume) => gw

@@ -1,8 +1,8 @@
 //! Where a gateway sends each request. It checks the API key itself, then: a create goes to
 //! the least loaded node, or to the one that keeps the volumes it mounts; anything about one
 //! sandbox (its REST verbs and its traffic) goes to the node the catalog says it is on, and
-//! anything about one volume to the node that keeps its files; the nodes' admin routes are
-//! answered here; everything else (lists, templates, snapshots, events), whose state is all in
+//! anything that touches one volume's files to the node that keeps them; the nodes' admin
+//! routes are answered here; everything else (lists, templates, snapshots, events), whose state is all in
 //! the shared database, goes to any ready node.
 
 use super::dashboard::overview;
@@ -123,6 +123,9 @@ async fn with_caller(
             Err(e) => return e.into_response(),
         },
         Route::AnyNode => gw.nodes.pick(),
+        // A volume's record is in the shared database: any node answers for it, so it reads
+        // while the node that keeps its files is down. Its delete needs that node.
+        Route::Volume(_) if req.method() == Method::GET => gw.nodes.pick(),
         Route::Volume(id) => match node_of_volume(gw, &id).await {
             Ok(node) => Ok(node),
             Err(e) => return e.into_response(),
