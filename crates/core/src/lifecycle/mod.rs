@@ -27,6 +27,7 @@ mod drain;
 mod events;
 mod expiry;
 mod freezer;
+mod goldens;
 mod kill;
 mod launches;
 mod load;

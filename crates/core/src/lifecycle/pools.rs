@@ -1,6 +1,5 @@
-//! Golden images and pools: for each template, a checkpoint of a sandbox booted from it and
-//! warmed up, and a few sandboxes already restored from it, so that a create only hands one
-//! over. Pooled sandboxes belong to no one and are not in the registry; they hold no place
+//! Pools: for each template, a few sandboxes already restored from its golden image (see
+//! `goldens.rs`), so that a create only hands one over. Pooled sandboxes belong to no one and are not in the registry; they hold no place
 //! among the running until a create admits them. Each is still a sandbox on the host, so pools
 //! fill only the room that running sandboxes leave under `max_sandboxes`, and give way to a
 //! create admitted at that cap.
@@ -10,12 +9,11 @@
 //! `pool_shrink_after` in which no create found it empty. What each pool holds within the
 //! memory budget, and how fast pools are filled, is `pool_plan`'s decision.
 
-use super::checkpoint::checkpoint_error;
 use super::create::{Launch, Started};
 use super::launches::Turn;
 use super::load::IDLE_SANDBOX_MB;
 use super::pool_plan::{surplus, targets, PoolDemand, RestoreBudget};
-use super::{available_memory_mb, Lifecycle, LifecycleError, GOLDEN_PREFIX};
+use super::{available_memory_mb, Lifecycle};
 use crate::egress::Egress;
 use crate::ids::{SandboxId, TemplateName};
 use crate::store::TemplateRecord;
@@ -33,10 +31,10 @@ pub(super) struct Pools {
     /// Held while a golden image is made, a built template published or stale images
     /// deleted: so no image is made twice, nor deleted as stale while its template is being
     /// published.
-    golden_turn: tokio::sync::Mutex<()>,
+    pub(super) golden_turn: tokio::sync::Mutex<()>,
     /// Golden images made, and attempts that failed, since the server started.
-    goldens_made: AtomicU64,
-    goldens_failed: AtomicU64,
+    pub(super) goldens_made: AtomicU64,
+    pub(super) goldens_failed: AtomicU64,
     /// Since the server started: restores into pools; ready sandboxes destroyed to make room
     /// for another template's or a create; and ready sandboxes destroyed, for any reason,
     /// within [`WASTED_WITHIN`] of being ready, none of which served a create.
@@ -130,6 +128,11 @@ impl Pools {
         Some((name.clone(), pool.ready.remove(0)))
     }
 
+    /// A create of `template` is to be expected now (it was just built).
+    pub(super) fn wanted_now(&self, template: &TemplateName) {
+        self.lock().entry(template.clone()).or_default().wanted_at = Some(Instant::now());
+    }
+
     /// Every pooled sandbox, taken out of the pools.
     pub fn drain(&self) -> Vec<Started> {
         self.lock()
@@ -141,37 +144,9 @@ impl Pools {
 }
 
 impl Lifecycle {
-    /// The golden image of a template as it is built now (a rebuilt template gets a new one).
-    pub(super) fn golden_image(&self, template: &TemplateRecord) -> String {
-        let hash = template
-            .content_hash
-            .get(..16)
-            .unwrap_or(&template.content_hash);
-        let runtime = self.driver.fingerprint();
-        format!("{GOLDEN_PREFIX}{}-{hash}-{runtime}", template.name)
-    }
-
-    /// The templates (their records' names) whose golden image, for this runtime, is here:
-    /// placement prefers this node for them.
-    pub fn warm_templates(&self) -> Vec<String> {
-        let runtime = self.driver.fingerprint();
-        let mut warm: Vec<String> = (self.driver.images().unwrap_or_default().iter())
-            .filter_map(|image| {
-                // `golden-{name}-{hash}-{runtime}`, as `golden_image` names them.
-                let rest = image.strip_prefix(GOLDEN_PREFIX)?;
-                let (rest, of_runtime) = rest.rsplit_once('-')?;
-                let (name, _hash) = rest.rsplit_once('-')?;
-                (of_runtime == runtime).then(|| name.to_owned())
-            })
-            .collect();
-        warm.sort();
-        warm.dedup();
-        warm
-    }
-
     /// How pooled sandboxes and golden images are started: in the background, after every
     /// caller's launch.
-    fn default_launch(&self) -> Launch {
+    pub(super) fn default_launch(&self) -> Launch {
         Launch {
             turn: Turn::Background,
             resources: self.limits.default_resources,
@@ -420,76 +395,6 @@ impl Lifecycle {
         }
     }
 
-    /// Deletes golden images of templates as they were built before, of builds no tag names
-    /// any more, or taken with another agent or runtime: nothing restores from them any more,
-    /// and each can be hundreds of MiB.
-    /// The caller holds the golden turn.
-    async fn delete_stale_goldens(&self) {
-        let Ok(templates) = self.store.templates().named_templates().await else {
-            return;
-        };
-        let current: HashSet<String> = templates.iter().map(|t| self.golden_image(t)).collect();
-        for image in self.driver.images().unwrap_or_default() {
-            if image.starts_with(GOLDEN_PREFIX) && !current.contains(&image) {
-                tracing::info!(image, "deleting a stale golden image");
-                if let Err(e) = self.driver.delete_image(&image).await {
-                    tracing::warn!(image, error = %e, "deleting a stale golden image failed");
-                }
-            }
-        }
-    }
-
-    /// Records a newly built template once a sandbox of it has booted and its start command
-    /// is ready, and with pools on, once that sandbox is its golden image: no create sees a
-    /// template whose start command was never seen to work.
-    pub async fn publish_template(&self, template: &TemplateRecord) -> Result<(), LifecycleError> {
-        let _turn = self.pools.golden_turn.lock().await;
-        let golden = (self.limits.pool_size > 0).then(|| self.golden_image(template));
-        // The same build again (everything cached) has its image already: same layers, same
-        // start command, already seen ready.
-        if !golden.as_ref().is_some_and(|g| self.driver.has_image(g)) {
-            self.make_golden(template, golden.as_deref()).await?;
-        }
-        self.store.templates().put(template).await?;
-        self.delete_stale_goldens().await;
-        // Just built: it is about to be used.
-        self.pools
-            .lock()
-            .entry(template.name.clone())
-            .or_default()
-            .wanted_at = Some(Instant::now());
-        self.refill.notify_one();
-        Ok(())
-    }
-
-    /// Boots a sandbox from the template, runs its start command, warms it up and
-    /// checkpoints it as its golden image `image` (with no image, only shows that it boots).
-    /// The caller holds the golden turn.
-    async fn make_golden(
-        &self,
-        template: &TemplateRecord,
-        image: Option<&str>,
-    ) -> Result<(), LifecycleError> {
-        let result = self.boot_golden(template, image).await;
-        if image.is_some() {
-            let counter = match result {
-                Ok(()) => &self.pools.goldens_made,
-                Err(_) => &self.pools.goldens_failed,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-        result
-    }
-
-    /// Golden images made and attempts that failed, since the server started.
-    pub(super) fn golden_counts(&self) -> (u64, u64) {
-        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        (
-            read(&self.pools.goldens_made),
-            read(&self.pools.goldens_failed),
-        )
-    }
-
     /// What the pools restored and destroyed unused since the server started.
     pub(super) fn pool_churn(&self) -> super::PoolChurn {
         let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -498,47 +403,6 @@ impl Lifecycle {
             evictions: read(&self.pools.evictions),
             wasted: read(&self.pools.wasted),
         }
-    }
-
-    /// [`Lifecycle::make_golden`], uncounted.
-    async fn boot_golden(
-        &self,
-        template: &TemplateRecord,
-        image: Option<&str>,
-    ) -> Result<(), LifecycleError> {
-        let started_at = std::time::Instant::now();
-        let id = SandboxId::generate();
-        let started = self
-            .start(&id, &template.rootfs, None, self.default_launch())
-            .await?;
-        let addr = started.placement.agent;
-        let defaults = &template.defaults;
-        let init = InitRequest {
-            default_user: Some(defaults.user.clone()),
-            default_workdir: defaults.workdir.clone(),
-            ..Default::default()
-        };
-        let result = async {
-            self.agent.init(addr, None, &init).await?;
-            self.run_start_command(addr, None, defaults).await?;
-            let Some(image) = image else {
-                return Ok(());
-            };
-            self.agent
-                .warm_up(addr)
-                .await
-                .map_err(LifecycleError::Agent)?;
-            self.driver
-                .checkpoint(&started.id, started.placement.slot, image)
-                .await
-                .map_err(checkpoint_error)
-        }
-        .await;
-        self.release(started.id, started.placement.slot).await;
-        if result.is_ok() {
-            tracing::info!(template = %template.name, image, elapsed = ?started_at.elapsed(), "golden image ready");
-        }
-        result
     }
 
     /// Restores sandboxes from the golden image until the pool holds `target`, while the host
@@ -642,25 +506,5 @@ impl Lifecycle {
         ids.iter()
             .filter_map(|id| self.driver.memory_used(id))
             .sum()
-    }
-
-    /// Restores a copy of the template's golden image as sandbox `id`. A copy whose agent never
-    /// answers means the image itself is bad (saved with a connection netstack could not
-    /// restore): it is deleted, so that the pools make it again, and the error returned.
-    pub(super) async fn restore_golden(
-        &self,
-        id: &SandboxId,
-        template: &TemplateRecord,
-        golden: &str,
-        launch: Launch,
-    ) -> Result<Started, LifecycleError> {
-        let result = self.start(id, &template.rootfs, Some(golden), launch).await;
-        if let Err(LifecycleError::Agent(e)) = &result {
-            tracing::warn!(template = %template.name, image = golden, error = %e, "a copy of the golden image does not answer; making it again");
-            if let Err(e) = self.driver.delete_image(golden).await {
-                tracing::warn!(image = golden, error = %e, "deleting the golden image failed");
-            }
-        }
-        result
     }
 }
