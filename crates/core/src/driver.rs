@@ -134,6 +134,11 @@ pub trait Driver: Send + Sync + 'static {
     /// Deletes the image; succeeds if it does not exist.
     async fn delete_image(&self, image: &str) -> Result<(), DriverError>;
 
+    /// The root filesystems ([`LaunchSpec::rootfs`]) that sandboxes on this host stand on,
+    /// from their launch until their destroy is done, whatever the lifecycle makes of them
+    /// (running, frozen, pooled, a golden image's boot, a build's step).
+    fn rootfs_in_use(&self) -> Vec<PathBuf>;
+
     /// Names of all images (not those still being written). No side effects: it runs while
     /// checkpoints and downloads are under way.
     fn images(&self) -> Result<Vec<String>, DriverError>;

@@ -44,10 +44,12 @@
 //! `NET_RAW`. Its stdin is `/dev/null` and its stdout/stderr are the bundle's `launch.log`
 //! (runsc hands its own stdio to the container), so the agent should close them once it runs.
 
+mod bundles;
 mod cgroup;
 mod disk;
 mod host_cmd;
 mod host_lock;
+mod images;
 mod instance;
 mod loop_device;
 mod network;
@@ -115,8 +117,8 @@ pub struct GvisorDriver {
     instance: Instance,
     cgroups: Cgroups,
     runsc: Runsc,
-    bundles: PathBuf,
-    images: PathBuf,
+    bundles: bundles::Bundles,
+    images: images::Images,
     agent_binary: String,
     fingerprint: String,
     network: Network,
@@ -160,8 +162,9 @@ impl GvisorDriver {
         tracing::info!(runsc = %config.runsc.display(), version, "runsc found");
         let fingerprint = fingerprint(&agent, &config.runsc)?;
         let host_locks = host_lock::take(&config.instance)?;
+        let images = images::Images::new(state_dir.join("images"));
         // Checkpoints that died half-way with the last process; none of this one's is under way.
-        remove_partial_images(&state_dir.join("images"));
+        images.remove_partial();
         let network = Network::new(network::Setup {
             state_dir: &state_dir,
             run_dir: config.instance.run_dir(),
@@ -174,8 +177,8 @@ impl GvisorDriver {
             cgroups: Cgroups::new(config.instance.cgroup_parent()),
             instance: config.instance,
             runsc: Runsc::new(config.runsc, state_dir.join("runsc")),
-            bundles: state_dir.join("bundles"),
-            images: state_dir.join("images"),
+            bundles: bundles::Bundles::new(state_dir.join("bundles")),
+            images,
             agent_binary: utf8("agent binary", &agent)?.to_owned(),
             fingerprint,
             network,
@@ -183,29 +186,15 @@ impl GvisorDriver {
         })
     }
 
-    fn bundle_dir(&self, id: &str) -> PathBuf {
-        self.bundles.join(id)
-    }
-
-    fn image_dir(&self, image: &str) -> Result<PathBuf, DriverError> {
-        if !airlock_core::driver::valid_image_name(image) {
-            return Err(DriverError::Command {
-                what: format!("using image '{image}'"),
-                detail: "not a valid image name".into(),
-            });
-        }
-        Ok(self.images.join(image))
-    }
-
     /// Refuses a checkpoint the disk cannot hold: the image is about the size of the memory the
     /// sandbox is charged for plus its overlay's writes.
     fn check_space_for(&self, id: &str) -> Result<(), DriverError> {
-        let overlay = self.bundle_dir(id).join("overlay");
+        let overlay = self.bundles.of(id).join("overlay");
         // Without a disk of its own (size 0) the layer's filestore is an unlinked file in the
         // overlay directory, which nothing can measure.
         let writes = disk::used(&overlay).unwrap_or(0);
         let needed = self.cgroups.memory_usage(id).unwrap_or(0) + writes + CHECKPOINT_HEADROOM;
-        let stat = nix::sys::statvfs::statvfs(&self.images)
+        let stat = nix::sys::statvfs::statvfs(self.images.root())
             .map_err(|e| DriverError::io("checking free disk space")(e.into()))?;
         let free = stat.blocks_available() * stat.fragment_size();
         if free < needed {
@@ -229,7 +218,7 @@ impl GvisorDriver {
         let netns = self.instance.netns_name(id);
         self.network.attach(&netns, slot, &spec.egress).await?;
 
-        let bundle = self.bundle_dir(id);
+        let bundle = self.bundles.of(id);
         let overlay_dir = bundle.join("overlay");
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -311,7 +300,7 @@ impl GvisorDriver {
         // runsc's kill reaches a frozen sandbox only once it is thawed.
         let mut result = self.cgroups.set_frozen(id, false);
         result = result.and(self.runsc.delete(id).await);
-        let bundle = self.bundle_dir(id);
+        let bundle = self.bundles.of(id);
         result = result.and(disk::unmount(&bundle.join("overlay")));
         let volumes = volumes::detach(&bundle.join("airlock"));
         let netns = self.instance.netns_name(id);
@@ -332,18 +321,6 @@ impl GvisorDriver {
         }
         result
     }
-
-    fn bundle_ids(&self) -> Result<Vec<String>, DriverError> {
-        let what = || format!("listing {}", self.bundles.display());
-        let mut ids = Vec::new();
-        for entry in std::fs::read_dir(&self.bundles).map_err(DriverError::io(what()))? {
-            let entry = entry.map_err(DriverError::io(what()))?;
-            if let Some(name) = entry.file_name().to_str() {
-                ids.push(name.to_owned());
-            }
-        }
-        Ok(ids)
-    }
 }
 
 impl GvisorDriver {
@@ -362,7 +339,7 @@ impl GvisorDriver {
         self.teardowns.wait_for(id, TEARDOWN_PATIENCE).await;
         // Cleaning up after a failed launch must never hit another sandbox's resources, so
         // refuse to start over anything that already exists.
-        if links::netns_path(&self.instance.netns_name(id)).exists() || self.bundle_dir(id).exists()
+        if links::netns_path(&self.instance.netns_name(id)).exists() || self.bundles.of(id).exists()
         {
             return Err(DriverError::Command {
                 what: format!("launching {id}"),
@@ -404,7 +381,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn restore(&self, spec: &LaunchSpec, image: &str) -> Result<Placement, DriverError> {
-        let dir = self.image_dir(image)?;
+        let dir = self.images.dir_of(image)?;
         if !dir.is_dir() {
             return Err(DriverError::Command {
                 what: format!("restoring {}", spec.id),
@@ -419,7 +396,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn checkpoint(&self, id: &SandboxId, slot: u32, image: &str) -> Result<(), DriverError> {
-        let dir = self.image_dir(image)?;
+        let dir = self.images.dir_of(image)?;
         self.check_space_for(id.as_str())?;
         let addr = Network::addrs(slot).sandbox;
         if !links::wait_until_drained(addr, DRAIN_TIMEOUT).await {
@@ -429,7 +406,7 @@ impl Driver for GvisorDriver {
             });
         }
         self.cgroups.set_frozen(id.as_str(), false)?;
-        let partial = self.images.join(format!(".{image}.partial"));
+        let partial = self.images.partial(image);
         let _ = std::fs::remove_dir_all(&partial);
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -456,48 +433,27 @@ impl Driver for GvisorDriver {
     }
 
     fn image_path(&self, image: &str) -> Result<PathBuf, DriverError> {
-        self.image_dir(image)
+        self.images.dir_of(image)
     }
 
     fn has_image(&self, image: &str) -> bool {
-        self.image_dir(image).is_ok_and(|d| d.is_dir())
+        self.images.dir_of(image).is_ok_and(|d| d.is_dir())
     }
 
     async fn delete_image(&self, image: &str) -> Result<(), DriverError> {
-        let dir = self.image_dir(image)?;
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(DriverError::io(format!("deleting {}", dir.display()))(e))
-            }
-            _ => Ok(()),
-        }
+        self.images.delete(image)
     }
 
     fn images(&self) -> Result<Vec<String>, DriverError> {
-        let what = || format!("listing {}", self.images.display());
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&self.images).map_err(DriverError::io(what()))? {
-            let entry = entry.map_err(DriverError::io(what()))?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            // A checkpoint under way writes `.{name}.partial`: not an image yet.
-            if is_partial(&name) {
-                continue;
-            }
-            names.push(name);
-        }
-        names.sort();
-        Ok(names)
+        self.images.names()
     }
 
     fn image_size(&self, image: &str) -> u64 {
-        self.image_dir(image)
-            .and_then(|dir| {
-                airlock_core::disk_usage::bytes_on_disk(&dir)
-                    .map_err(DriverError::io("measuring an image"))
-            })
-            .unwrap_or(0)
+        self.images.size(image)
+    }
+
+    fn rootfs_in_use(&self) -> Vec<PathBuf> {
+        self.bundles.rootfs_in_use()
     }
 
     fn fingerprint(&self) -> String {
@@ -518,7 +474,7 @@ impl Driver for GvisorDriver {
             cpu_ns: self.cgroups.cpu_usage_ns(id)?,
             memory_bytes: self.cgroups.memory_usage(id)?,
             memory_cache_bytes: self.cgroups.memory_cache(id).unwrap_or(0),
-            disk_bytes: disk::used(&self.bundle_dir(id).join("overlay")).unwrap_or(0),
+            disk_bytes: disk::used(&self.bundles.of(id).join("overlay")).unwrap_or(0),
         })
     }
 
@@ -628,25 +584,5 @@ fn invalid(what: &str, path: &Path, problem: &str) -> DriverError {
     DriverError::Command {
         what: format!("using {what} {}", path.display()),
         detail: problem.into(),
-    }
-}
-
-/// Whether `name` in the images dir is a checkpoint's work in progress.
-fn is_partial(name: &str) -> bool {
-    name.starts_with('.') && name.ends_with(".partial")
-}
-
-/// Deletes the checkpoints' work in progress left in `images` (at start only: while serving,
-/// one may be a pause under way).
-fn remove_partial_images(images: &Path) {
-    let Ok(entries) = std::fs::read_dir(images) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_str().is_some_and(is_partial) {
-            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                tracing::warn!(path = %entry.path().display(), error = %e, "removing a half-written image failed");
-            }
-        }
     }
 }

@@ -21,7 +21,7 @@ impl GvisorDriver {
 
         let mut found = BTreeSet::new();
         found.extend(self.runsc.list().await?);
-        found.extend(self.bundle_ids()?);
+        found.extend(self.bundles.ids()?);
         found.extend(
             links::netns_names()?
                 .iter()

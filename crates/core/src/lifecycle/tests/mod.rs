@@ -157,6 +157,9 @@ impl Driver for RecordingDriver {
     fn images(&self) -> Result<Vec<String>, DriverError> {
         Ok(self.images.lock().unwrap().iter().cloned().collect())
     }
+    fn rootfs_in_use(&self) -> Vec<std::path::PathBuf> {
+        Vec::new() // the lifecycle never asks; the layer budget has tests of its own
+    }
     async fn create_volume(&self, _: &std::path::Path, _: u64) -> Result<(), DriverError> {
         Ok(())
     }
