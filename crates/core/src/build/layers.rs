@@ -255,6 +255,24 @@ impl Layers {
         Some(listed.lines().map(PathBuf::from).collect())
     }
 
+    /// Unmounts the rootfs mount at `target` unless something has files open in it (then
+    /// `false`, and it stays mounted). Its record stays, so that it can be mounted again.
+    pub async fn unmount_if_idle(&self, target: &Path) -> Result<bool, BuildError> {
+        let target = target.to_owned();
+        let unmounted = tokio::task::spawn_blocking(move || {
+            nix::mount::umount2(&target, nix::mount::MntFlags::empty())
+        })
+        .await
+        .map_err(|e| BuildError::Host(format!("unmounting a template's rootfs: {e}")))?;
+        match unmounted {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::EBUSY) => Ok(false),
+            Err(e) => Err(BuildError::io("unmounting a template's rootfs".into())(
+                e.into(),
+            )),
+        }
+    }
+
     /// Unmounts (if mounted) and removes the rootfs mount at `target` and its record.
     pub async fn remove_rootfs(&self, target: &Path) -> Result<(), BuildError> {
         if is_mount_point(target) {

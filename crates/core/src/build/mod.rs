@@ -9,13 +9,14 @@
 //! running sandboxes need, shared fairly between keys (see [`queue`]); each has a deadline and
 //! can be cancelled (see [`stop`]). What one key's builds may keep on disk is bounded (see
 //! [`Builder::storage_of`]). With an object store, layers are shared between nodes (see
-//! [`shared_layers`]).
+//! [`shared_layers`]), and what a node keeps of them has a budget (see [`layer_budget`]).
 
 mod bases;
 mod collect;
 pub mod copy;
 pub mod debian;
 pub mod image;
+pub mod layer_budget;
 pub mod layers;
 pub(crate) mod pull_guard;
 pub mod queue;
@@ -136,6 +137,9 @@ pub struct Builder {
     stops: Mutex<HashMap<String, Stop>>,
     /// The layers each running build stands on (see [`quota`]).
     claims: Mutex<HashMap<String, Vec<PathBuf>>>,
+    /// Held shared by every build from its place in line to its end, so that the layer
+    /// budget (see [`layer_budget`]) never runs beside one.
+    builds_under_way: tokio::sync::RwLock<()>,
     limits: BuildLimits,
     /// Where layers are written, and how much of its disk a step must leave free.
     templates_dir: PathBuf,
@@ -217,6 +221,7 @@ impl Builder {
             queue: queue::Queue::new(options.at_once, options.limits.per_key),
             stops: Mutex::default(),
             claims: Mutex::default(),
+            builds_under_way: tokio::sync::RwLock::new(()),
             limits: options.limits,
             templates_dir: templates_dir.to_owned(),
             min_free_bytes: options.min_free_bytes,
@@ -344,6 +349,7 @@ impl Builder {
         mut stop: Stop,
         echo: Option<&str>,
     ) -> Result<(), Failure> {
+        let _under_way = self.builds_under_way.read().await;
         let id = &job.build_id;
         let mut log = BuildLog::new(self.store.clone(), id.clone());
         log.echo = echo.map(|prefix| (prefix.to_owned(), std::time::Instant::now()));

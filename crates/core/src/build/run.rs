@@ -76,6 +76,7 @@ impl Builder {
                     &format!("FROM template {}", base.name),
                 );
                 let chain = chain_of(base);
+                self.fetch_base(&chain, log).await?;
                 Progress {
                     own_from: chain.len(),
                     chain,
@@ -290,6 +291,26 @@ impl Builder {
                 &format!("fetching the layer from object storage failed ({e}); running the step"),
             ),
         }
+    }
+
+    /// Makes the layers of a base template present here: it may have been built on another
+    /// node, or its layers let go of here for the layer budget.
+    async fn fetch_base(&self, chain: &[PathBuf], log: &BuildLog) -> Result<(), Failure> {
+        for layer in chain.iter().filter(|layer| !layer.is_dir()) {
+            let fail = |message: String| Failure {
+                message,
+                step: Some("base".into()),
+            };
+            let key = self.shared.key_of(layer).map_err(fail)?;
+            self.fetch_shared(&key, "base", log).await;
+            if !layer.is_dir() {
+                return Err(fail(format!(
+                    "layer {key} of the base template is neither on this node nor in object \
+                     storage; build the base template again"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Puts a layer the build made on its key's account (see [`super::quota`]), and fails the

@@ -21,8 +21,9 @@ use super::layers::{is_mount_point, Layers};
 use crate::lifecycle::RootfsSource;
 use crate::objects::ImageObjects;
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 use tokio::process::Command;
 
@@ -36,7 +37,7 @@ const TAR_KEEPS: [&str; 4] = [
     "--sparse",
 ];
 
-fn layer_prefix(key: &str) -> String {
+pub(super) fn layer_prefix(key: &str) -> String {
     format!("layers/{key}")
 }
 
@@ -52,10 +53,25 @@ struct Chain {
 
 /// This node's layers, with object storage behind them once the server has one.
 pub struct SharedLayers {
-    layers: Layers,
-    objects: OnceLock<ImageObjects>,
-    /// One fetch at a time: two creates of a template this node lacks download it once.
-    fetching: tokio::sync::Mutex<()>,
+    pub(super) layers: Layers,
+    pub(super) objects: OnceLock<ImageObjects>,
+    /// One fetch at a time: two creates of a template this node lacks download it once. The
+    /// layer budget's round holds it too (see `layer_budget.rs`).
+    pub(super) fetching: tokio::sync::Mutex<()>,
+    /// Which root filesystems were started over here, and when (for the layer budget).
+    pub(super) uses: Mutex<RootfsUses>,
+    /// What each layer here takes on disk, as measured once (a layer never changes).
+    pub(super) sizes: Mutex<HashMap<String, u64>>,
+}
+
+/// When each root filesystem (a mount, or a template's one layer) was last made ready for a
+/// launch here, and which the layer budget is letting go of right now.
+#[derive(Default)]
+pub(super) struct RootfsUses {
+    pub last: HashMap<PathBuf, Instant>,
+    /// A launch over one of these does not take it as present: it waits for the fetch turn,
+    /// which the budget's round holds, and then finds it gone and fetches it again.
+    pub retiring: HashSet<PathBuf>,
 }
 
 impl SharedLayers {
@@ -64,7 +80,17 @@ impl SharedLayers {
             layers: Layers::new(templates_dir),
             objects: OnceLock::new(),
             fetching: tokio::sync::Mutex::new(()),
+            uses: Mutex::default(),
+            sizes: Mutex::default(),
         }
+    }
+
+    /// Notes that a launch over `rootfs` is being prepared now; false if the layer budget is
+    /// letting go of it at this moment (the launch must then wait for it, see [`RootfsUses`]).
+    pub(super) fn note_use(&self, rootfs: &Path) -> bool {
+        let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
+        uses.last.insert(rootfs.to_owned(), Instant::now());
+        !uses.retiring.contains(rootfs)
     }
 
     /// Shares layers through `objects` from now on (set once, at boot); false if set already.
@@ -191,7 +217,7 @@ impl SharedLayers {
     }
 
     /// The key of `layer`, which must be one of this node's layers.
-    fn key_of(&self, layer: &Path) -> Result<String, String> {
+    pub(super) fn key_of(&self, layer: &Path) -> Result<String, String> {
         match (layer.parent(), layer.file_name()) {
             (Some(dir), Some(name)) if dir == self.layers.layers_dir() => {
                 Ok(name.to_string_lossy().into_owned())
@@ -238,11 +264,21 @@ impl RootfsSource for SharedLayers {
     /// A rootfs is a mount of layers (or, for a template with no layers of its own, one
     /// layer): fetches what this node lacks and mounts it.
     async fn prepare(&self, rootfs: &Path) -> Result<(), String> {
-        if is_mount_point(rootfs) {
+        // Noted first: the layer budget lets go of nothing used lately, and a use it missed
+        // sees that it is being let go of.
+        let settled = self.note_use(rootfs);
+        if settled && is_mount_point(rootfs) {
             return Ok(());
         }
         if let Ok(key) = self.key_of(rootfs) {
-            return match self.fetch_layer(&key).await? {
+            let here = match settled {
+                true => self.fetch_layer(&key).await?,
+                false => {
+                    let _turn = self.fetching.lock().await;
+                    self.fetch_locked(&key).await?
+                }
+            };
+            return match here {
                 true => Ok(()),
                 false => Err(format!("layer {key} is not in object storage")),
             };

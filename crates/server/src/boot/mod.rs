@@ -2,6 +2,7 @@
 //! The one module that puts all the others together (and `airlock install`, which sets a host
 //! up to run it); nothing else imports it.
 
+mod args;
 mod binaries;
 mod builtins;
 mod gateway;
@@ -9,6 +10,7 @@ pub mod install;
 mod keys;
 mod listen;
 
+pub use args::{Globals, ServeArgs};
 pub use gateway::{serve_gateway, GatewayOptions};
 
 use crate::agent_client::HttpAgentClient;
@@ -73,6 +75,8 @@ pub struct ServeOptions {
     pub webhooks_allow_private: bool,
     /// Where paused images are kept too (`--object-store`), if anywhere.
     pub object_store: Option<String>,
+    /// The most templates' layers may take here when object storage holds them too.
+    pub layer_cache_mb: u64,
     /// `Node`: serve only the cluster's gateways, which prove themselves with this secret.
     pub role: Role,
     pub cluster_secret: Option<ClusterSecret>,
@@ -220,6 +224,15 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
 
     let stop = CancellationToken::new();
     let reaper = tokio::spawn(lifecycle.clone().run_reaper(stop.clone()));
+    if opts.object_store.is_some() {
+        start_layer_budget(
+            &builder,
+            &data,
+            opts.database.is_some(),
+            opts.layer_cache_mb,
+            &stop,
+        );
+    }
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
     tokio::spawn(lifecycle.clone().run_freezer(stop.clone()));
@@ -383,6 +396,34 @@ async fn collect_garbage(builder: &Builder, data: &DataDir, on_postgres: bool) {
         ),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "collecting unused template files failed"),
+    }
+}
+
+/// Keeps this node's templates' layers within `budget_mb` (see
+/// `airlock_core::build::layer_budget`), unless other data dirs share the templates dir: their
+/// sandboxes and templates stand on layers this server does not see.
+fn start_layer_budget(
+    builder: &Arc<Builder>,
+    data: &DataDir,
+    on_postgres: bool,
+    budget_mb: u64,
+    stop: &CancellationToken,
+) {
+    match data.databases_sharing_templates(on_postgres) {
+        Ok(databases) if databases.len() == 1 => {
+            tokio::spawn(
+                builder
+                    .clone()
+                    .run_layer_budget(budget_mb << 20, stop.clone()),
+            );
+        }
+        Ok(_) => tracing::info!(
+            "other data dirs share the templates dir: its layers are kept whole here \
+             (--layer-cache-mb is not used)"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "not keeping the templates' layers within --layer-cache-mb")
+        }
     }
 }
 
