@@ -461,9 +461,9 @@ def volume_on(cluster, node):
 def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster):
     """Pause on node A, stop A as a power loss would: within 10 s it is unhealthy, creates go
     on succeeding on B, A's running sandbox is reported lost (and, killed, its killed event is
-    recorded and sent to the key's webhook by the gateway), the paused one resumes on B with
-    its file and its background process, and a volume kept on A still shows its record while
-    its files answer 503."""
+    recorded and sent to the key's webhook by the gateway), the paused one stays on the
+    dashboard and resumes on B with its file and its background process, and a volume kept on
+    A still shows its record while its files answer 503."""
     made = [Sandbox.create("base", **cluster.sdk()) for _ in range(4)]
     paused = made[0]
     lost_node = node_of(cluster, paused.sandbox_id)
@@ -516,6 +516,16 @@ def test_a_lost_node_is_left_and_its_paused_sandbox_resumes_on_the_other(cluster
         headers, raw = next((h, raw) for h, raw in sent if gone.encode() in raw)
         assert json.loads(raw)["type"] == "sandbox.lifecycle.killed"
         assert headers["e2b-signature"] == signature("s3cret", raw)
+
+        # The dashboard lists the paused sandbox of the lost node (from the catalog: it
+        # resumes elsewhere), through either gateway.
+        for gateway in range(len(cluster.gateways)):
+            status, overview = cluster.api("GET", "/dashboard/api/state", gateway=gateway)
+            assert status == 200, overview
+            shown = {s["sandboxID"]: s for s in overview["sandboxes"]}
+            assert shown[paused.sandbox_id]["state"] == "paused", shown.get(paused.sandbox_id)
+            assert shown[paused.sandbox_id]["clientID"] == lost_node
+            assert fresh[0].sandbox_id in shown
 
         # The volume's record is the shared database's: any node reads it. Its files are on
         # the lost node's disk: a clear 503 that names it, through either gateway.

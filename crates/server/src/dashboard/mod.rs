@@ -15,7 +15,8 @@ use crate::http::error::ApiError;
 use crate::http::sandboxes::{detail_body, TemplateNames};
 use crate::AppState;
 use airlock_core::ids::TemplateName;
-use axum::extract::{Path, State};
+use airlock_core::store::SandboxState;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -150,12 +151,28 @@ struct BuildRow {
     failure: Option<String>,
 }
 
+/// The overview's query: in a cluster, the gateway asks one node to add the caller's paused
+/// sandboxes of the nodes that do not answer (`pausedOn=node-1,node-2`), from the catalog.
+/// Those are not lost: they resume on another node at their next request.
+#[derive(Deserialize)]
+struct OverviewQuery {
+    #[serde(rename = "pausedOn")]
+    paused_on: Option<String>,
+}
+
 async fn overview(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    Query(query): Query<OverviewQuery>,
 ) -> Result<Json<Overview>, ApiError> {
     let load = state.lifecycle.host_load();
     let mut records = state.lifecycle.list_records();
+    let nodes = query.paused_on.iter().flat_map(|n| n.split(','));
+    for node in nodes.filter(|n| *n != state.node_name) {
+        let paused = state.store.sandboxes().of_node(node).await?;
+        let paused = paused.into_iter().filter(|r| r.state == SandboxState::Paused);
+        records.extend(paused.map(std::sync::Arc::new));
+    }
     records.retain(|r| caller.sees(&r.owner));
     let names = TemplateNames::of(&state.store, &records).await;
     let sandboxes: Vec<SandboxRow> = records

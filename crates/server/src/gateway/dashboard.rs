@@ -1,5 +1,6 @@
 //! The dashboard's overview through a gateway: every healthy node is asked for the caller's
-//! sandboxes and its headroom, and the answers are put together. (Its page and build logs
+//! sandboxes and its headroom, and the answers are put together, with the paused sandboxes
+//! of nodes that do not answer. (Its page and build logs
 //! come from any node, and a sandbox's actions from the sandbox's node, as routed.)
 
 use super::forward::{CheckedCaller, Kind};
@@ -9,18 +10,34 @@ use crate::dashboard::Overview;
 use crate::http::error::ApiError;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use std::collections::HashSet;
+
+/// The overview's path on a node.
+const OVERVIEW: &str = "/dashboard/api/state";
 
 /// The most a node's overview may take (some thousands of sandboxes with their metadata).
 const MAX_OVERVIEW: usize = 64 << 20;
 
-/// `GET /dashboard/api/state`: the cluster's overview for `caller`. A node that fails to
-/// answer is left out (and logged); 503 if none answers.
-pub async fn overview(gw: &GatewayState, caller: &CheckedCaller, uri: &Uri) -> Response {
+/// `GET /dashboard/api/state`: the cluster's overview for `caller`. The first healthy node
+/// also lists the caller's paused sandboxes of the nodes that do not answer (from the catalog:
+/// they resume elsewhere). A node that fails to answer is left out (and logged); 503 if none
+/// answers.
+pub async fn overview(gw: &GatewayState, caller: &CheckedCaller) -> Response {
     let nodes = gw.nodes.all_healthy();
-    let asks = nodes.iter().map(|node| of_node(gw, caller, node, uri));
+    let healthy: HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let mut silent: Vec<String> = (gw.nodes.list().into_iter())
+        .map(|n| n.node_id)
+        .filter(|name| !healthy.contains(name.as_str()))
+        .collect();
+    silent.sort();
+    let uris = (0..nodes.len()).map(|i| match i {
+        0 if !silent.is_empty() => format!("{OVERVIEW}?pausedOn={}", silent.join(",")),
+        _ => OVERVIEW.to_owned(),
+    });
+    let asks = (nodes.iter().zip(uris)).map(|(node, uri)| of_node(gw, caller, node, uri));
     let answers: Vec<Overview> = futures::future::join_all(asks)
         .await
         .into_iter()
@@ -40,11 +57,11 @@ async fn of_node(
     gw: &GatewayState,
     caller: &CheckedCaller,
     node: &NodeAddress,
-    uri: &Uri,
+    uri: String,
 ) -> Option<Overview> {
     let mut ask = Request::new(Body::empty());
     *ask.method_mut() = Method::GET;
-    *ask.uri_mut() = uri.clone();
+    *ask.uri_mut() = uri.parse().ok()?;
     let answer = gw.forward.send(node, ask, Some(caller), Kind::Api).await;
     let status = answer.status();
     let body = axum::body::to_bytes(answer.into_body(), MAX_OVERVIEW).await;

@@ -153,7 +153,7 @@ async fn with_caller(
             Err(e) => return ApiError::not_found(e.to_string()).into_response(),
         },
         Route::Nodes | Route::Node(_) => return not_operator(),
-        Route::DashboardOverview => return overview(gw, &caller, req.uri()).await,
+        Route::DashboardOverview => return overview(gw, &caller).await,
         Route::Health | Route::Open | Route::VolumeContent(_) => {
             unreachable!("answered without a key")
         }
