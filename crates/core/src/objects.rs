@@ -73,9 +73,29 @@ pub fn paused_prefix(id: &SandboxId, generation: &str) -> String {
     format!("{}/{generation}", sandbox_prefix(id))
 }
 
+/// Where a snapshot's image is in object storage: its name is unique per owner already.
+pub fn snapshot_prefix(image: &str) -> String {
+    format!("{SNAPSHOTS}/{image}")
+}
+
+/// The folders of object storage: paused images, snapshots, templates' layers and the chains
+/// of layers of templates' root filesystems.
+pub const PAUSED: &str = "paused";
+pub const SNAPSHOTS: &str = "snapshots";
+pub const LAYERS: &str = "layers";
+pub const CHAINS: &str = "rootfs";
+
 /// Everything of sandbox `id`'s in object storage: every generation of its paused images.
 fn sandbox_prefix(id: &SandboxId) -> String {
-    format!("paused/{id}")
+    format!("{PAUSED}/{id}")
+}
+
+/// An object found by [`ImageObjects::listing`].
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// From the store's root, `/`-separated (`layers/{key}/manifest.json`).
+    pub path: String,
+    pub modified: chrono::DateTime<chrono::Utc>,
 }
 
 /// Images in one object store.
@@ -315,6 +335,33 @@ impl ImageObjects {
         match self.store.head(&manifest_path(prefix)).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Every object under `prefix` (a folder: `layers`, `paused`), with when it was last
+    /// written, by its path from the store's root.
+    pub async fn listing(&self, prefix: &str) -> Result<Vec<Listed>, ObjectsError> {
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&ObjectPath::from(prefix)))
+            .collect()
+            .await;
+        let mut listed = Vec::with_capacity(objects.len());
+        for object in objects {
+            let object = object?;
+            listed.push(Listed {
+                path: object.location.to_string(),
+                modified: object.last_modified,
+            });
+        }
+        Ok(listed)
+    }
+
+    /// Deletes the small object at `key`; succeeds if there is none.
+    pub async fn delete_small(&self, key: &str) -> Result<(), ObjectsError> {
+        match self.store.delete(&ObjectPath::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

@@ -16,6 +16,7 @@ mod events;
 mod idempotency;
 mod keys;
 pub(crate) mod migrations;
+mod objects_lock;
 mod paused_images;
 #[cfg(test)]
 mod postgres_tests;
@@ -23,6 +24,7 @@ mod postgres_tls;
 mod sandboxes;
 #[cfg(test)]
 mod sandboxes_tests;
+mod settings;
 mod snapshots;
 mod tags;
 mod templates;
@@ -35,8 +37,10 @@ pub use builds::{BuildRecord, BuildStatus, LogEntry, LogLevel};
 pub use events::{EventQuery, EventRecords, EventType, SandboxEvent, EVENT_RETENTION_US};
 pub use idempotency::{Claim, IdempotencyRecords};
 pub use keys::{key_id, ApiKeyRecord, KeyLimits, Keys, LiveKey};
+pub use objects_lock::{ObjectsGuard, ObjectsLock};
 pub use paused_images::PausedImages;
 pub use sandboxes::{PauseMode, SandboxRecord, SandboxRecords, SandboxState};
+pub use settings::Settings;
 pub use snapshots::{SnapshotRecord, SnapshotRecords};
 pub use tags::{split_reference, valid_tag, TemplateTag, DEFAULT_TAG};
 pub use templates::{TemplateDefaults, TemplateRecord, Templates};
@@ -106,6 +110,8 @@ pub struct Store {
     idempotency: IdempotencyRecords,
     webhooks: WebhookRecords,
     paused_images: PausedImages,
+    settings: Settings,
+    objects_lock: ObjectsLock,
 }
 
 impl Store {
@@ -148,6 +154,8 @@ impl Store {
             webhooks: WebhookRecords::new(db.clone()),
             volumes: VolumeRecords::new(db.clone()),
             paused_images: PausedImages::new(db.clone()),
+            settings: Settings::new(db.clone()),
+            objects_lock: ObjectsLock::new(db.clone()),
             #[cfg(test)]
             db,
         }
@@ -196,6 +204,16 @@ impl Store {
     /// Which paused sandboxes' images are in object storage.
     pub fn paused_images(&self) -> &PausedImages {
         &self.paused_images
+    }
+
+    /// Values the whole state shares.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The lock between object storage's collection and builds that put layers there.
+    pub fn objects_lock(&self) -> &ObjectsLock {
+        &self.objects_lock
     }
 
     /// The SQLite connection itself, for tests that write what older versions wrote.

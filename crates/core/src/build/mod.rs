@@ -9,7 +9,8 @@
 //! running sandboxes need, shared fairly between keys (see [`queue`]); each has a deadline and
 //! can be cancelled (see [`stop`]). What one key's builds may keep on disk is bounded (see
 //! [`Builder::storage_of`]). With an object store, layers are shared between nodes (see
-//! [`shared_layers`]), and what a node keeps of them has a budget (see [`layer_budget`]).
+//! [`shared_layers`]), what a node keeps of them has a budget (see [`layer_budget`]), and
+//! object storage is collected (see [`object_collection`]).
 
 mod bases;
 mod collect;
@@ -18,6 +19,7 @@ pub mod debian;
 pub mod image;
 pub mod layer_budget;
 pub mod layers;
+pub mod object_collection;
 pub(crate) mod pull_guard;
 pub mod queue;
 mod quota;

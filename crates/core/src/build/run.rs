@@ -500,7 +500,13 @@ impl Builder {
             &progress.key,
             &serde_json::to_string(&defaults).unwrap_or_default(),
         ]);
-        // Other nodes start it from object storage: there before it is recorded.
+        // Other nodes start it from object storage: there before it is recorded. From the
+        // look at which layers are there until the record, object storage's collection waits
+        // (see `object_collection.rs`): no layer this template stands on goes meanwhile.
+        let _no_collection = match self.shared.objects.get() {
+            Some(_) => Some(self.store.objects_lock().shared().await?),
+            None => None,
+        };
         if let Err(e) = self.shared.publish(&layers, &rootfs).await {
             if job.owner.is_some() {
                 return Err(super::BuildError::Publish(format!(

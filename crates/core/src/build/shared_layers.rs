@@ -19,7 +19,7 @@
 
 use super::layers::{is_mount_point, Layers};
 use crate::lifecycle::RootfsSource;
-use crate::objects::ImageObjects;
+use crate::objects::{ImageObjects, CHAINS, LAYERS};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -38,17 +38,17 @@ const TAR_KEEPS: [&str; 4] = [
 ];
 
 pub(super) fn layer_prefix(key: &str) -> String {
-    format!("layers/{key}")
+    format!("{LAYERS}/{key}")
 }
 
-fn chain_object(mount_name: &str) -> String {
-    format!("rootfs/{mount_name}.json")
+pub(super) fn chain_object(mount_name: &str) -> String {
+    format!("{CHAINS}/{mount_name}.json")
 }
 
 /// A template's rootfs mount in object storage: its layers' keys, bottom first.
 #[derive(Debug, Serialize, Deserialize)]
-struct Chain {
-    layers: Vec<String>,
+pub(super) struct Chain {
+    pub layers: Vec<String>,
 }
 
 /// This node's layers, with object storage behind them once the server has one.
@@ -315,7 +315,7 @@ impl RootfsSource for SharedLayers {
     }
 }
 
-fn mount_name(rootfs: &Path) -> String {
+pub(super) fn mount_name(rootfs: &Path) -> String {
     rootfs
         .file_name()
         .unwrap_or_default()

@@ -14,7 +14,7 @@
 use super::sandbox::{Phase, Sandbox};
 use super::{paused_image, Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
-use crate::objects::{ImageObjects, ObjectsError};
+use crate::objects::{snapshot_prefix, ImageObjects, ObjectsError};
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
 use crate::volumes::VolumeError;
 use std::collections::{HashMap, HashSet};
@@ -276,11 +276,6 @@ impl Lifecycle {
             }
         }
     }
-}
-
-/// Where a snapshot's image is in object storage: its name is unique per owner already.
-fn snapshot_prefix(image: &str) -> String {
-    format!("snapshots/{image}")
 }
 
 impl Lifecycle {

@@ -279,7 +279,7 @@ fn is_serialization_failure(e: &tokio_postgres::Error) -> bool {
 
 /// A connection the pool could not give: the database's own error if it answered, else
 /// unavailable (no answer in time, or the pool closed).
-fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+pub(super) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     match e {
         deadpool_postgres::PoolError::Backend(e) => StoreError::Postgres(e),
         other => StoreError::Unavailable(other.to_string()),

@@ -52,6 +52,14 @@ impl PausedImages {
             .await
     }
 
+    /// Where every paused image in object storage is.
+    pub async fn all(&self) -> Result<Vec<String>, StoreError> {
+        let object = |row: &Row| row.get::<String>(0);
+        self.db
+            .query("SELECT object FROM paused_images", &[], object)
+            .await
+    }
+
     /// Forgets sandbox `id`'s image in object storage; succeeds if there was none.
     pub async fn delete(&self, id: &SandboxId) -> Result<(), StoreError> {
         self.db

@@ -194,3 +194,20 @@ async fn postgres_keeps_paused_images_as_sqlite_does() {
     })
     .await;
 }
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_keeps_settings_as_sqlite_does() {
+    in_a_new_schema(|db| async move { super::settings::behaves(&super::Settings::new(db)).await })
+        .await;
+}
+
+/// Each guard on a connection of its own, as builds and a collection on different nodes are.
+#[tokio::test]
+#[ignore = "needs PostgreSQL at AIRLOCK_TEST_POSTGRES_URL; ./test.sh starts one"]
+async fn postgres_locks_objects_as_sqlite_does() {
+    in_a_new_schema(|db| async move {
+        super::objects_lock::behaves(&super::ObjectsLock::new(db)).await
+    })
+    .await;
+}

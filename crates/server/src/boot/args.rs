@@ -117,7 +117,10 @@ pub struct ServeArgs {
     /// standard AWS_* variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) or the URL's
     /// query (`?endpoint=http://127.0.0.1:9000&allow_http=true`), or `file:///DIR`. A pause
     /// uploads the image before it is recorded paused; if the upload fails, the pause still
-    /// succeeds and the image stays on this host only. The local copy is kept.
+    /// succeeds and the image stays on this host only. The local copy is kept. Templates'
+    /// layers and snapshots go there too. Once a day, what no record names any more and
+    /// nobody wrote for a day is deleted from it, unless another Airlock database uses the
+    /// same bucket and prefix (give each cluster one of its own).
     #[arg(long, value_name = "URL", env = "AIRLOCK_OBJECT_STORE")]
     object_store: Option<String>,
     /// The most disk, in MiB, that this host's copies of snapshot images may take when they

@@ -193,6 +193,14 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     lifecycle.use_rootfs_source(builder.shared_layers());
     if let Some(objects) = objects {
         builder.use_object_store(objects);
+        // At once (not waited for: object storage may be down): a bucket that another
+        // database uses too is never collected.
+        let claiming = builder.clone();
+        tokio::spawn(async move {
+            if let Err(e) = claiming.claim_object_store().await {
+                tracing::warn!(error = %e, "marking whose the object store is failed; it is not collected");
+            }
+        });
     }
     // Before sandboxes are adopted: theirs and paused ones' rootfs may be template mounts.
     builder
@@ -232,6 +240,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             opts.layer_cache_mb,
             &stop,
         );
+        tokio::spawn(builder.clone().run_object_collection(stop.clone()));
     }
     let pools = tokio::spawn(lifecycle.clone().run_pools(stop.clone()));
     tokio::spawn(lifecycle.clone().run_metrics(stop.clone()));
