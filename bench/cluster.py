@@ -4,6 +4,9 @@ an S3 server, two nodes in network namespaces of their own, two gateways). Repor
     secret in hand, as a gateway sends it), alternating in the same run: what the gateway adds.
     Raw HTTP for both (the SDK cannot send the secret on a sandbox's traffic): `POST /sandboxes`
     then envd's `process.Process/Start` of `echo ok`, each on a new connection, as the SDK's;
+  * one request on a running sandbox through a gateway against straight on its node, on
+    kept-alive connections, for the REST path and for a sandbox's traffic: the gateway's hop
+    alone;
   * N creates at once through the two gateways, each with its first command (the SDK): the
     wall time and how evenly the nodes got them;
   * time until the gateways stop placing on a lost node (`GET /nodes` says unhealthy);
@@ -108,6 +111,64 @@ def gateway_against_node(env, key, key_id, rounds):
     if all(times.values()):
         added = pct(times["through a gateway"], 50) - pct(times["straight on a node"], 50)
         print(f"the gateway adds {added:.1f} ms at p50")
+
+
+def gateway_hop(env, key, key_id, rounds):
+    """What the gateway's hop costs one request, measured on one running sandbox over kept-alive
+    connections (as the SDK's pooled ones are), alternating between a gateway and its node:
+    `GET /sandboxes/{id}` (the REST path: the key's check and the catalog's row, then the
+    forward) and envd's `GET /health` (a sandbox's traffic: the catalog's row, then the
+    forward, then the node's proxy into the sandbox)."""
+    secret = (Path(env["AIRLOCK_CLUSTER_DIR"]) / "cluster-secret").read_text().strip()
+    gateway, node = env["AIRLOCK_GATEWAYS"].split()[0], env["AIRLOCK_NODES"].split()[0]
+    placed = None
+    for _ in range(8):  # a sandbox on the node measured against (cluster.sh's first: node-1)
+        sbx = Sandbox.create("base", api_key=key, api_url=gateway, sandbox_url=gateway)
+        if node_of(env, key, sbx.sandbox_id) == "node-1":
+            placed = sbx
+            break
+        sbx.kill()
+    if placed is None:
+        print("the gateway's hop: no sandbox landed on the first node")
+        return
+    on_node = {"X-Airlock-Cluster-Secret": secret}
+    ways = {
+        "REST through a gateway": (gateway, f"/sandboxes/{placed.sandbox_id}",
+                                   {"X-API-KEY": key}),
+        "REST straight on its node": (node, f"/sandboxes/{placed.sandbox_id}",
+                                      {**on_node, "X-Airlock-Caller": key_id}),
+        "traffic through a gateway": (gateway, "/health",
+                                      {"E2b-Sandbox-Id": placed.sandbox_id}),
+        "traffic straight on its node": (node, "/health",
+                                         {**on_node, "E2b-Sandbox-Id": placed.sandbox_id}),
+    }
+    connections = {way: kept_alive(base) for way, (base, _, _) in ways.items()}
+    times = {way: [] for way in ways}
+    for _ in range(rounds):
+        for way, (_, path, headers) in ways.items():
+            conn = connections[way]
+            started = time.perf_counter()
+            conn.request("GET", path, headers=headers)
+            answer = conn.getresponse()
+            answer.read()
+            times[way].append((time.perf_counter() - started) * 1000)
+            if answer.status >= 300:
+                raise SystemExit(f"{way}: {answer.status}")
+    placed.kill()
+    print(f"{'one request on a kept-alive connection (ms)':<46} {'p50':>7} {'p95':>7} "
+          f"{'p99':>7} {'min':>7} {'max':>7}  ok")
+    for way, ms in times.items():
+        print(row(way, ms, rounds))
+    for kind in ("REST", "traffic"):
+        added = (pct(times[f"{kind} through a gateway"], 50)
+                 - pct(times[f"{kind} straight on its node"], 50))
+        print(f"the gateway adds {added:.2f} ms at p50 to a request of the {kind.lower()} path")
+
+
+def kept_alive(base):
+    import http.client
+    host, port = base.removeprefix("http://").rstrip("/").split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=30)
 
 
 def node_of(env, key, sandbox_id):
@@ -221,26 +282,38 @@ def lost_node_and_resume_elsewhere(env, key, image_mb):
     resumed.kill()
 
 
+PARTS = ["create", "hop", "burst", "template", "new-node", "lost-node"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--burst", type=int, default=40)
     ap.add_argument("--image-mb", type=int, default=100)
     ap.add_argument("--template-mb", type=int, default=200)
+    ap.add_argument("--hop-rounds", type=int, default=300)
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"which parts to run, comma-separated (default: all of {','.join(PARTS)})")
     args = ap.parse_args()
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        ap.error(f"unknown parts {sorted(unknown)}; the parts are {', '.join(PARTS)}")
     env = exports(cluster_script("up", "--nodes", "2", "--gateways", "2"))
     try:
         key, key_id = new_key(env)
         time.sleep(5)  # the nodes' pools fill
-        gateway_against_node(env, key, key_id, args.rounds)
-        print()
-        burst(env, key, args.burst)
-        print()
-        template_on_a_node_that_lacks_it(env, key, args.template_mb)
-        print()
-        new_node_start(env)
-        print()
-        lost_node_and_resume_elsewhere(env, key, args.image_mb)
+        parts = {
+            "create": lambda: gateway_against_node(env, key, key_id, args.rounds),
+            "hop": lambda: gateway_hop(env, key, key_id, args.hop_rounds),
+            "burst": lambda: burst(env, key, args.burst),
+            "template": lambda: template_on_a_node_that_lacks_it(env, key, args.template_mb),
+            "new-node": lambda: new_node_start(env),
+            "lost-node": lambda: lost_node_and_resume_elsewhere(env, key, args.image_mb),
+        }
+        for part in PARTS:
+            if part in args.parts.split(","):
+                parts[part]()
+                print()
     finally:
         cluster_script("down", env={"AIRLOCK_CLUSTER_DIR": env["AIRLOCK_CLUSTER_DIR"]})
 
