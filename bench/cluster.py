@@ -57,7 +57,8 @@ def new_key(env):
     """A tenant key of the cluster, and its public id (what a gateway names to a node)."""
     out = subprocess.run([str(REPO / "target/release/airlock"), "--data-dir",
                           env["AIRLOCK_CLUSTER_DIR"] + "/bench-cli", "--database",
-                          env["AIRLOCK_CLUSTER_DATABASE_URL"], "key", "create", "--name",
+                          env["AIRLOCK_CLUSTER_DATABASE_URL"], "--database-ca",
+                          env["AIRLOCK_CLUSTER_DATABASE_CA"], "key", "create", "--name",
                           f"bench-{os.getpid()}"], capture_output=True, text=True, check=True)
     return out.stdout.strip(), re.search(r"key id (\w+)", out.stderr).group(1)
 
