@@ -170,7 +170,9 @@ async fn overview(
     let nodes = query.paused_on.iter().flat_map(|n| n.split(','));
     for node in nodes.filter(|n| *n != state.node_name) {
         let paused = state.store.sandboxes().of_node(node).await?;
-        let paused = paused.into_iter().filter(|r| r.state == SandboxState::Paused);
+        let paused = paused
+            .into_iter()
+            .filter(|r| r.state == SandboxState::Paused);
         records.extend(paused.map(std::sync::Arc::new));
     }
     records.retain(|r| caller.sees(&r.owner));
