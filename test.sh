@@ -56,15 +56,18 @@ phase "the Kubernetes manifests (rendered by kubectl kustomize, validated offlin
 .venv/bin/python -m pytest tests/deploy -q
 phase "unit tests"
 cargo test --locked --release --workspace --quiet
-# Runs the ignored unit tests named by FILTER (they need a server this script started), and
-# fails if none ran: a renamed test module must not make the step pass by running nothing.
+# Runs the ignored unit tests of PACKAGE (airlock-core by default) named by FILTER (they need a
+# server this script started, or root), and fails if none ran: a renamed test module must not
+# make the step pass by running nothing.
 ignored_tests() {
-  local what=$1 filter=$2 out
-  out=$(cargo test --locked --release -p airlock-core --lib "$filter" -- --ignored 2>&1) ||
+  local what=$1 filter=$2 package=${3:-airlock-core} out
+  out=$(cargo test --locked --release -p "$package" --lib "$filter" -- --ignored 2>&1) ||
     { echo "$out"; exit 1; }
   grep "test result" <<<"$out"
   grep -q "test result: ok. [1-9]" <<<"$out" || { echo "no $what test ran" >&2; exit 1; }
 }
+phase "the driver's tests that need root"
+ignored_tests root root_ airlock-gvisor
 phase "the store on PostgreSQL"
 postgres_dir=$(mktemp -d /var/tmp/airlock-postgres.XXXXXX)
 postgres_env=$(scripts/postgres.sh start "$postgres_dir")

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 from e2b import Sandbox, Template
-from e2b.exceptions import RateLimitException, SandboxException
+from e2b.exceptions import RateLimitException, SandboxException, ServiceBusyException
 
 from harness import fetch
 from receiver import Receiver, signature
@@ -424,6 +424,54 @@ def test_a_drained_node_pauses_its_sandboxes_and_they_resume_elsewhere(cluster):
         kill_all(made)
     for node in ("node-1", "node-2"):
         wait_for(lambda: node_status(cluster, node) == "ready", 5, f"{node} ready again")
+
+
+def test_a_drained_node_moves_its_volumes_with_their_paused_sandboxes(cluster):
+    """Drain the node that keeps a volume: the sandbox that mounts it is paused, and the volume
+    moves into object storage. The sandbox then resumes on the other node, with the volume's
+    files from both writers and its own, and the volume's content API answers from there."""
+    from e2b import Volume
+    drained = "node-1"
+    volume = volume_on(cluster, drained)
+    sbx = None
+    try:
+        volume.write_file("from-api.txt", "through the content API", api_url=cluster.gateways[0])
+        sbx = Sandbox.create("base", volume_mounts={"/mnt/v": volume}, **cluster.sdk())
+        assert node_of(cluster, sbx.sandbox_id) == drained
+        sbx.commands.run("echo from the sandbox > /mnt/v/from-sandbox.txt")
+        sbx.files.write("/home/user/own.txt", "its own disk")
+        set_status(cluster, drained, "drain")
+        wait_for(lambda: node_status(cluster, drained) == "draining", 5, f"{drained} draining")
+
+        def resumed():
+            try:
+                return Sandbox.connect(sbx.sandbox_id, **cluster.sdk(gateway=1))
+            except (SandboxException, ServiceBusyException):
+                return None  # 503 until its volume has moved
+
+        deadline = time.monotonic() + 90
+        back = resumed()
+        while back is None and time.monotonic() < deadline:
+            time.sleep(1)
+            back = resumed()
+        assert back is not None, cluster.log_tail(drained)
+        assert node_of(cluster, sbx.sandbox_id) != drained
+        run = back.commands.run
+        assert run("cat /mnt/v/from-api.txt").stdout == "through the content API"
+        assert run("cat /mnt/v/from-sandbox.txt").stdout == "from the sandbox\n"
+        assert back.files.read("/home/user/own.txt") == "its own disk"
+        run("echo after the move > /mnt/v/after.txt")
+        via_second = Volume.connect(volume.volume_id, api_key=cluster.key,
+                                    api_url=cluster.gateways[1])
+        assert via_second.read_file("after.txt", api_url=cluster.gateways[1]) == \
+            "after the move\n"
+    finally:
+        set_status(cluster, drained, "undrain")
+        if sbx is not None:
+            kill_all([sbx])
+    wait_for(lambda: node_status(cluster, drained) == "ready", 5, f"{drained} ready again")
+    assert Volume.destroy(volume.volume_id, api_key=cluster.key,
+                          api_url=cluster.gateways[0]) is True
 
 
 def set_status(cluster, node, verb):

@@ -177,6 +177,13 @@ pub trait Driver: Send + Sync + 'static {
     /// files stay. No sandbox may be using it.
     async fn close_volume(&self, dir: &Path) -> Result<(), DriverError>;
 
+    /// Closes the volume at `dir` to move it to another host, and returns the one path (a
+    /// file or directory beside `dir`) that then holds all of it, whole and still. Unlike
+    /// [`Driver::close_volume`], refused while anything on the host still uses its
+    /// filesystem: then it stays open as it was. [`Driver::open_volume`] opens it again from
+    /// that path, here or on the host it moved to.
+    async fn seal_volume(&self, dir: &Path) -> Result<PathBuf, DriverError>;
+
     /// Removes the volume at `dir` and every file in it. No sandbox may be using it.
     async fn delete_volume(&self, dir: &Path) -> Result<(), DriverError>;
 

@@ -2,6 +2,7 @@
 //!
 //! Nothing here speaks HTTP; the server binary wraps it.
 
+mod archive;
 pub mod build;
 pub mod disk_usage;
 pub mod driver;

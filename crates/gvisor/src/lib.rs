@@ -494,6 +494,10 @@ impl Driver for GvisorDriver {
         disk::unmount(dir)
     }
 
+    async fn seal_volume(&self, dir: &Path) -> Result<PathBuf, DriverError> {
+        volumes::seal(dir)
+    }
+
     async fn delete_volume(&self, dir: &Path) -> Result<(), DriverError> {
         volumes::delete(dir)
     }

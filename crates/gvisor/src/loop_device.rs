@@ -95,6 +95,26 @@ fn configure(device: &File, backing: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// The loop device `image` is attached to, if any (from sysfs: each device's backing file).
+pub(crate) fn backing(image: &Path) -> Option<std::path::PathBuf> {
+    let image = std::fs::canonicalize(image).ok()?;
+    let devices = std::fs::read_dir("/sys/block").ok()?;
+    for device in devices.flatten() {
+        let name = device.file_name();
+        let Some(name) = name.to_str().filter(|n| n.starts_with("loop")) else {
+            continue;
+        };
+        let backing = device.path().join("loop/backing_file");
+        let Ok(file) = std::fs::read_to_string(&backing) else {
+            continue; // not attached
+        };
+        if Path::new(file.trim_end()) == image {
+            return Some(std::path::PathBuf::from(format!("/dev/{name}")));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

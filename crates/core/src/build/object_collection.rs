@@ -4,7 +4,9 @@
 //!   the chains (`rootfs/{mount}.json`) of root filesystems that none of them uses;
 //! - paused images (`paused/{id}/{generation}`) that no paused sandbox names (a kill or a
 //!   resume whose delete failed, or an earlier pause's);
-//! - snapshot images (`snapshots/{image}`) that no snapshot names.
+//! - snapshot images (`snapshots/{image}`) that no snapshot names;
+//! - volumes' archives (`volumes/{id}/{generation}`) that no volume moving between nodes names
+//!   (a take-in whose delete failed).
 //!
 //! Why it is safe:
 //! - A build that finds a layer already in object storage skips its upload and then records a
@@ -22,6 +24,7 @@ use super::shared_layers::{chain_object, layer_prefix, mount_name, Chain, Shared
 use super::Builder;
 use crate::objects::{ImageObjects, Listed, CHAINS, LAYERS, PAUSED, SNAPSHOTS};
 use crate::store::Store;
+use crate::volumes::VOLUMES;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -54,6 +57,7 @@ pub struct ObjectsCollected {
     pub chains: usize,
     pub paused: usize,
     pub snapshots: usize,
+    pub volumes: usize,
 }
 
 /// Why a collection did not run.
@@ -106,6 +110,7 @@ impl Builder {
                     chains = done.chains,
                     paused = done.paused,
                     snapshots = done.snapshots,
+                    volumes = done.volumes,
                     "collected object storage: what no record names and nobody wrote for a day"
                 ),
                 Err(e) => tracing::warn!(error = %e, "object storage was not collected"),
@@ -162,6 +167,7 @@ impl SharedLayers {
             (LAYERS, 1, &mut done.layers),
             (PAUSED, 2, &mut done.paused),
             (SNAPSHOTS, 1, &mut done.snapshots),
+            (VOLUMES, 2, &mut done.volumes),
         ] {
             let listed = objects
                 .listing(folder)
@@ -253,6 +259,8 @@ impl SharedLayers {
         }
         let paused = store.paused_images().all().await.map_err(failed)?;
         named.prefixes.extend(paused);
+        let volumes = store.volumes().all_stored().await.map_err(failed)?;
+        named.prefixes.extend(volumes);
         named
             .prefixes
             .extend((snapshots.iter()).map(|s| crate::objects::snapshot_prefix(&s.image)));
@@ -432,6 +440,7 @@ mod tests {
             chains: 1,
             paused: 1,
             snapshots: 1,
+            volumes: 0,
         };
         assert_eq!(done, expected);
         for key in ["base", "kept", "old"] {

@@ -18,6 +18,7 @@
 //! absolute paths), as the Kubernetes DaemonSet's host path does.
 
 use super::layers::{is_mount_point, Layers};
+use crate::archive::tar;
 use crate::lifecycle::RootfsSource;
 use crate::objects::{ImageObjects, CHAINS, LAYERS};
 use serde::{Deserialize, Serialize};
@@ -321,22 +322,6 @@ pub(super) fn mount_name(rootfs: &Path) -> String {
         .unwrap_or_default()
         .to_string_lossy()
         .into_owned()
-}
-
-async fn tar(mut cmd: Command, what: &str) -> Result<(), String> {
-    let out = cmd
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|e| format!("{what}: running tar: {e}"))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(format!(
-        "{what} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    ))
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use super::{paused_image, Lifecycle, LifecycleError};
 use crate::ids::SandboxId;
 use crate::objects::{snapshot_prefix, ImageObjects, ObjectsError};
 use crate::store::{SandboxRecord, SandboxState, SnapshotRecord};
-use crate::volumes::VolumeError;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,6 +58,7 @@ impl Lifecycle {
     /// Keeps paused images in `objects` from now on (set once, before serving); false if a
     /// store was set already.
     pub fn use_object_store(&self, objects: ImageObjects) -> bool {
+        self.volumes.use_object_store(objects.clone());
         self.remote.objects.set(objects).is_ok()
     }
 
@@ -368,16 +368,15 @@ impl Lifecycle {
         if !elsewhere {
             return Err(not_found());
         }
-        // Its volumes' files are on its node's disk: it can resume only there.
-        if let Some(mount) = record.volume_mounts.first() {
-            return Err(LifecycleError::Volume(VolumeError::Elsewhere {
-                name: mount.name.clone(),
-                node: record.node.clone(),
-            }));
-        }
         if !self.paused_in_object_store(&parsed).await? {
             return Err(not_found());
         }
+        // Its volumes come first: they are here, or they moved into object storage (its node
+        // was drained) and come here now; one kept on another node keeps the sandbox there.
+        let owner = record.owner.as_deref();
+        (self.volumes)
+            .check_still_there(owner, &record.volume_mounts)
+            .await?;
         let moved = self
             .store
             .sandboxes()

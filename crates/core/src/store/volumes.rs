@@ -17,8 +17,11 @@ pub struct VolumeRecord {
     pub size_limit_mb: u64,
     pub created_at: i64,
     /// The node whose disk holds its files: the only one that serves them and runs the
-    /// sandboxes that mount it.
+    /// sandboxes that mount it. '' while they are only in object storage.
     pub node: String,
+    /// Where its files are in object storage, while it is moving between nodes (moved off a
+    /// drained node, and not yet all the way onto another).
+    pub stored: Option<String>,
 }
 
 /// A volume bound in a sandbox. By id: a deleted volume's name may be given to another.
@@ -51,7 +54,7 @@ pub struct VolumeUsage {
     pub name_taken: bool,
 }
 
-const COLUMNS: &str = "id, owner, name, token, size_limit_mb, created_at, node";
+const COLUMNS: &str = "id, owner, name, token, size_limit_mb, created_at, node, stored";
 
 fn record(row: &Row) -> Result<VolumeRecord, StoreError> {
     Ok(VolumeRecord {
@@ -62,6 +65,7 @@ fn record(row: &Row) -> Result<VolumeRecord, StoreError> {
         size_limit_mb: row.get::<i64>(4)?.max(0) as u64,
         created_at: row.get(5)?,
         node: row.get(6)?,
+        stored: row.get(7)?,
     })
 }
 
@@ -164,15 +168,52 @@ impl VolumeRecords {
     }
 
     /// The volumes whose files are on `node`, for its start (their filesystems must be
-    /// mounted). The rows from before volumes had nodes become `node`'s first.
+    /// mounted). The rows from before volumes had nodes become `node`'s first (not those in
+    /// object storage, which are no node's).
     pub async fn claim_of_node(&self, node: &str) -> Result<Vec<VolumeRecord>, StoreError> {
         self.db
             .execute(
-                "UPDATE volumes SET node = $1 WHERE node = ''",
+                "UPDATE volumes SET node = $1 WHERE node = '' AND stored IS NULL",
                 &[Value::Text(node)],
             )
             .await?;
         self.of_node(node).await
+    }
+
+    /// Records that volume `id`, kept on `node` until now, is in object storage under
+    /// `stored` and on no node; `false` if `node` no longer keeps it (deleted meanwhile).
+    pub async fn move_out(&self, id: &str, node: &str, stored: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE volumes SET node = '', stored = $3 WHERE id = $1 AND node = $2";
+        let params = [id.into(), node.into(), stored.into()];
+        Ok(self.db.execute(sql, &params).await? == 1)
+    }
+
+    /// Makes `node` the keeper of volume `id`, which is in object storage under `stored` and
+    /// on no node: `false` if another node took it in first (or it is gone). `stored` stays
+    /// named until [`VolumeRecords::settle_in`], so a node that dies meanwhile loses nothing.
+    pub async fn take_in(&self, id: &str, node: &str, stored: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE volumes SET node = $2 WHERE id = $1 AND node = '' AND stored = $3";
+        let params = [id.into(), node.into(), stored.into()];
+        Ok(self.db.execute(sql, &params).await? == 1)
+    }
+
+    /// Volume `id`'s files are all on `node` now: object storage's copy is no longer its.
+    pub async fn settle_in(&self, id: &str, node: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE volumes SET stored = NULL WHERE id = $1 AND node = $2";
+        Ok(self.db.execute(sql, &[id.into(), node.into()]).await? == 1)
+    }
+
+    /// Undoes [`VolumeRecords::take_in`] after a failed fetch: on no node again.
+    pub async fn give_back(&self, id: &str, node: &str, stored: &str) -> Result<bool, StoreError> {
+        let sql = "UPDATE volumes SET node = '' WHERE id = $1 AND node = $2 AND stored = $3";
+        let params = [id.into(), node.into(), stored.into()];
+        Ok(self.db.execute(sql, &params).await? == 1)
+    }
+
+    /// Where every volume that is moving between nodes has its files in object storage.
+    pub async fn all_stored(&self) -> Result<Vec<String>, StoreError> {
+        let sql = "SELECT stored FROM volumes WHERE stored IS NOT NULL";
+        self.db.query(sql, &[], |row| row.get::<String>(0)).await
     }
 
     /// The volumes whose files are on `node`.
@@ -216,6 +257,7 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
         size_limit_mb: 64,
         created_at: 1,
         node: if owner == "bob" { "" } else { "n1" }.into(),
+        stored: None,
     };
     let roomy = VolumeQuota {
         count: 10,
@@ -256,6 +298,39 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
     assert_eq!(ids(volumes.claim_of_node("n2").await.unwrap()), ["v3"]);
     assert_eq!(ids(volumes.claim_of_node("n1").await.unwrap()), ["v1"]);
     assert_eq!(volumes.by_id("v3").await.unwrap().unwrap().node, "n2");
+
+    // A volume moves off n2 into object storage: no node's, and no start claims it; one node
+    // takes it in (keeping its object named until settled), and can give it back.
+    assert!(!volumes.move_out("v3", "n1", "volumes/v3/1").await.unwrap());
+    assert!(volumes.move_out("v3", "n2", "volumes/v3/1").await.unwrap());
+    let moving = volumes.by_id("v3").await.unwrap().unwrap();
+    assert_eq!(
+        (moving.node.as_str(), moving.stored.as_deref()),
+        ("", Some("volumes/v3/1"))
+    );
+    assert_eq!(
+        ids(volumes.claim_of_node("n3").await.unwrap()),
+        Vec::<String>::new()
+    );
+    assert_eq!(volumes.all_stored().await.unwrap(), ["volumes/v3/1"]);
+    assert!(
+        !volumes.take_in("v3", "n3", "volumes/v3/0").await.unwrap(),
+        "another image"
+    );
+    let racers = ["n3", "n4", "n5"].map(|n| volumes.take_in("v3", n, "volumes/v3/1"));
+    let won = futures::future::join_all(racers).await;
+    assert_eq!(won.iter().filter(|w| *w.as_ref().unwrap()).count(), 1);
+    let keeper = volumes.by_id("v3").await.unwrap().unwrap().node;
+    assert!(volumes
+        .give_back("v3", &keeper, "volumes/v3/1")
+        .await
+        .unwrap());
+    assert!(volumes.take_in("v3", "n3", "volumes/v3/1").await.unwrap());
+    assert!(!volumes.settle_in("v3", "n4").await.unwrap());
+    assert!(volumes.settle_in("v3", "n3").await.unwrap());
+    let settled = volumes.by_id("v3").await.unwrap().unwrap();
+    assert_eq!((settled.node.as_str(), settled.stored), ("n3", None));
+    assert!(volumes.all_stored().await.unwrap().is_empty());
 
     // The quota counts volumes and their MiB.
     let two = VolumeQuota {

@@ -6,9 +6,11 @@
 //!
 //! This owns both the `volumes` rows and the directories under `<data>/volumes/<id>`. Each key
 //! is held to a number of volumes and to their total size ([`VolumeLimits`]). In a cluster a
-//! volume's files are on the node that made it: only that node serves them and runs the
-//! sandboxes that mount it (the gateways send both there).
+//! volume's files are on one node (the one that made it, at first): only that node serves them
+//! and runs the sandboxes that mount it (the gateways send both there). A drained node moves
+//! its volumes through object storage to the next node that needs them (see [`moves`]).
 
+mod moves;
 mod path;
 mod tree;
 
@@ -19,6 +21,7 @@ use crate::store::{
     VolumeUsage,
 };
 use airlock_wire::MAX_VOLUME_MOUNTS;
+pub use moves::VOLUMES;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 pub use tree::{EntryKind, EntryStat, MetadataChange, NewFile, VolumeTree};
@@ -72,6 +75,9 @@ pub enum VolumeError {
          that mounts it runs there"
     )]
     Elsewhere { name: String, node: String },
+    /// Its files are moving between nodes and could not be brought here now.
+    #[error("volume '{name}' is moving between nodes and its files cannot be fetched now ({detail}); try again")]
+    Moving { name: String, detail: String },
     #[error(transparent)]
     Driver(#[from] DriverError),
     #[error(transparent)]
@@ -118,6 +124,10 @@ pub struct Volumes {
     driver: Arc<dyn Driver>,
     root: PathBuf,
     limits: VolumeLimits,
+    /// Where volumes wait while they move between nodes (see `moves.rs`), if anywhere.
+    objects: std::sync::OnceLock<crate::objects::ImageObjects>,
+    /// One take-in at a time per volume: two requests for a moved volume fetch it once.
+    taking_in: tokio::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Volumes {
@@ -142,6 +152,8 @@ impl Volumes {
             driver,
             root: root.to_owned(),
             limits,
+            objects: std::sync::OnceLock::new(),
+            taking_in: Default::default(),
         })
     }
 
@@ -149,7 +161,11 @@ impl Volumes {
     /// reboot).
     pub async fn open_all(&self) -> Result<(), VolumeError> {
         for volume in self.records.claim_of_node(&self.node).await? {
-            self.driver.open_volume(&self.dir(&volume.id)).await?;
+            match &volume.stored {
+                // A take-in that the last run did not finish.
+                Some(stored) => self.fetch_in(&volume, stored).await?,
+                None => self.driver.open_volume(&self.dir(&volume.id)).await?,
+            }
         }
         Ok(())
     }
@@ -233,6 +249,7 @@ impl Volumes {
             size_limit_mb: size_mb,
             created_at: now,
             node: self.node.clone(),
+            stored: None,
         };
         let dir = self.dir(&record.id);
         std::fs::create_dir(&dir)
@@ -285,10 +302,17 @@ impl Volumes {
         Ok(self.records.of(owner).await?)
     }
 
-    /// Refuses `volume` if its files are on another node.
-    fn here(&self, volume: &VolumeRecord) -> Result<(), VolumeError> {
-        if volume.node == self.node {
+    /// Makes sure `volume`'s files are on this node: they are, or they wait in object
+    /// storage (moved off a drained node) and are taken in now; refused if another node
+    /// keeps them.
+    async fn here(&self, volume: &VolumeRecord) -> Result<(), VolumeError> {
+        if volume.node == self.node && volume.stored.is_none() {
             return Ok(());
+        }
+        if let Some(stored) = &volume.stored {
+            if volume.node.is_empty() || volume.node == self.node {
+                return self.take_in(volume, stored).await;
+            }
         }
         Err(VolumeError::Elsewhere {
             name: volume.name.clone(),
@@ -300,7 +324,10 @@ impl Volumes {
     /// meanwhile. The caller makes sure that no sandbox mounts it (see
     /// `Lifecycle::delete_volume`).
     pub(crate) async fn delete(&self, volume: &VolumeRecord) -> Result<bool, VolumeError> {
-        self.here(volume)?;
+        if let (Some(stored), "") = (&volume.stored, volume.node.as_str()) {
+            return self.delete_stored(volume, stored).await;
+        }
+        self.here(volume).await?;
         let id = volume.id.as_str();
         if !self.records.delete(&volume.owner, id).await? {
             return Ok(false);
@@ -341,7 +368,7 @@ impl Volumes {
                 .iter()
                 .find(|v| v.name == request.name)
                 .ok_or_else(|| VolumeError::NotFound(request.name.clone()))?;
-            self.here(volume)?;
+            self.here(volume).await?;
             mounts.push(VolumeMount {
                 volume_id: volume.id.clone(),
                 name: volume.name.clone(),
@@ -364,7 +391,7 @@ impl Volumes {
                 None => None,
             };
             match volume {
-                Some(volume) => self.here(&volume)?,
+                Some(volume) => self.here(&volume).await?,
                 None => return Err(VolumeError::NotFound(mount.name.clone())),
             }
         }
@@ -381,7 +408,7 @@ impl Volumes {
         if !constant_time_eq(record.token.as_bytes(), token.as_bytes()) {
             return Err(VolumeError::Unauthorized);
         }
-        self.here(&record)?;
+        self.here(&record).await?;
         VolumeTree::open(&self.dir(id), record.size_limit_mb)
     }
 }

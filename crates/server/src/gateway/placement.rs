@@ -1,7 +1,9 @@
-//! Where creates and requests that touch a volume go. A volume's files are on the disk of the
-//! node that made it (its record names it), so its content API, its delete and every
-//! sandbox that mounts it go there, never to the least loaded node. Other creates go to the
-//! least loaded node, or to one that holds the template's golden image if it is not much busier.
+//! Where creates and requests that touch a volume go. A volume's files are on one node's disk
+//! (its record names it), so its content API, its delete and every sandbox that mounts it go
+//! there, never to the least loaded node; a volume moved into object storage (off a drained
+//! node) is on none, and goes to the least loaded node, which takes it in. Other creates go to
+//! the least loaded node, or to one that holds the template's golden image if it is not much
+//! busier.
 
 use super::nodes::{NoNode, NodeAddress};
 use super::GatewayState;
@@ -22,12 +24,32 @@ const MAX_CREATE_BODY: usize = 2 << 20;
 /// or 401).
 pub async fn node_of_volume(gw: &GatewayState, id: &str) -> Result<NodeAddress, ApiError> {
     match gw.store.volumes().by_id(id).await? {
+        // Moved off a drained node: the least loaded one takes it in.
+        Some(volume) if volume.node.is_empty() => gw.nodes.place().map_err(unavailable),
         Some(volume) => gw
             .nodes
             .healthy(&volume.node)
             .map_err(|e| node_unavailable(&volume, e)),
         None => gw.nodes.place().map_err(unavailable),
     }
+}
+
+/// The node that keeps `volumes` (their records), where a sandbox that mounts them runs: `None`
+/// if they are all on no node (moved into object storage: any node takes them in), a 400 if
+/// they are kept on two.
+pub fn node_keeping(volumes: &[VolumeRecord]) -> Result<Option<&VolumeRecord>, ApiError> {
+    let mut kept = volumes.iter().filter(|v| !v.node.is_empty());
+    let Some(first) = kept.next() else {
+        return Ok(None);
+    };
+    if let Some(other) = kept.find(|v| v.node != first.node) {
+        return Err(ApiError::bad_request(format!(
+            "volume '{}' is kept on node '{}' and volume '{}' on node '{}': a sandbox \
+             mounts volumes of one node only",
+            first.name, first.node, other.name, other.node
+        )));
+    }
+    Ok(Some(first))
 }
 
 /// The node for a create by `owner`, and the request to send it, its body read here: the node
@@ -53,8 +75,8 @@ pub async fn place_create(
         Some(create) => mounted_volumes(gw, owner, create).await?,
         None => Vec::new(),
     };
-    let node = match mounted.as_slice() {
-        [] => {
+    let node = match node_keeping(&mounted)? {
+        None => {
             let template = match create {
                 Some(create) => warm_name(gw, owner, &create.template_id).await,
                 None => None,
@@ -63,18 +85,10 @@ pub async fn place_create(
                 .place_for(template.as_deref())
                 .map_err(unavailable)?
         }
-        [first, rest @ ..] => {
-            if let Some(other) = rest.iter().find(|v| v.node != first.node) {
-                return Err(ApiError::bad_request(format!(
-                    "volume '{}' is kept on node '{}' and volume '{}' on node '{}': a sandbox \
-                     mounts volumes of one node only",
-                    first.name, first.node, other.name, other.node
-                )));
-            }
-            gw.nodes
-                .ready(&first.node)
-                .map_err(|e| node_unavailable(first, e))?
-        }
+        Some(keeper) => gw
+            .nodes
+            .ready(&keeper.node)
+            .map_err(|e| node_unavailable(keeper, e))?,
     };
     Ok((node, Request::from_parts(parts, Body::from(bytes))))
 }

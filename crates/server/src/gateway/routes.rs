@@ -8,7 +8,7 @@
 use super::dashboard::overview;
 use super::forward::{CheckedCaller, Kind};
 use super::nodes::{NoNode, NodeAddress};
-use super::placement::{node_of_volume, place_create};
+use super::placement::{node_keeping, node_of_volume, place_create};
 use super::signed_files::signed_files;
 use super::GatewayState;
 use crate::cluster::GATEWAY_HEADERS;
@@ -131,7 +131,7 @@ async fn with_caller(
             Err(e) => return e.into_response(),
         },
         Route::Sandbox { id, kill } => match owned_sandbox(gw, &caller, &id).await {
-            Ok(record) => match node_of(gw, &record) {
+            Ok(record) => match node_of(gw, &record).await {
                 Err(_) if record.state == SandboxState::Running && kill => {
                     return kill_lost(gw, &record).await
                 }
@@ -191,13 +191,35 @@ async fn owned_sandbox(
 }
 
 /// Where requests for a sandbox go: its node; for a paused one whose node is gone or
-/// draining, the node placement picks, which takes it over and resumes it from object storage,
-/// unless it mounts volumes (their files are on its node).
-fn node_of(gw: &GatewayState, record: &SandboxRecord) -> Result<NodeAddress, NoNode> {
-    if record.state == SandboxState::Paused && record.volume_mounts.is_empty() {
-        return gw.nodes.ready(&record.node).or_else(|_| gw.nodes.place());
+/// draining, the node placement picks, which takes it over and resumes it from object storage.
+/// A paused one that mounts volumes goes where they are kept (their files are there), or, if
+/// they moved into object storage (its node was drained), as one without.
+async fn node_of(gw: &GatewayState, record: &SandboxRecord) -> Result<NodeAddress, NoNode> {
+    if record.state != SandboxState::Paused {
+        return gw.nodes.healthy(&record.node);
     }
-    gw.nodes.healthy(&record.node)
+    match volumes_node(gw, record).await {
+        Some(node) => gw.nodes.ready(&node),
+        None => gw.nodes.ready(&record.node).or_else(|_| gw.nodes.place()),
+    }
+}
+
+/// The node that keeps the volumes `record` mounts; `None` if it mounts none, or they are on
+/// no node (moved into object storage). Its own node if they cannot be looked up.
+async fn volumes_node(gw: &GatewayState, record: &SandboxRecord) -> Option<String> {
+    if record.volume_mounts.is_empty() {
+        return None;
+    }
+    let owner = record.owner.as_deref().unwrap_or_default();
+    let mut volumes = match gw.store.volumes().of(owner).await {
+        Ok(volumes) => volumes,
+        Err(_) => return Some(record.node.clone()),
+    };
+    volumes.retain(|v| record.volume_mounts.iter().any(|m| m.volume_id == v.id));
+    match node_keeping(&volumes) {
+        Ok(keeper) => keeper.map(|v| v.node.clone()),
+        Err(_) => Some(record.node.clone()),
+    }
 }
 
 /// A sandbox's own traffic (commands, files, its ports): to its node, whose proxy checks the
@@ -212,7 +234,7 @@ async fn sandbox_traffic(gw: &GatewayState, id: &str, req: Request) -> Response 
         Ok(None) => return sandbox_not_found(id),
         Err(e) => return ApiError::from(e).into_response(),
     };
-    match node_of(gw, &record) {
+    match node_of(gw, &record).await {
         Ok(node) => {
             gw.forward
                 .send(&node, req, None, Kind::SandboxTraffic)

@@ -189,6 +189,17 @@ impl From<airlock_core::volumes::VolumeError> for ApiError {
                 tracing::warn!(error = %err, "a volume create found too little disk");
                 StatusCode::INSUFFICIENT_STORAGE
             }
+            VolumeError::Moving { name, .. } => {
+                // Its detail may name host paths: the log gets it, the client does not.
+                tracing::warn!(error = %err, "a moved volume could not be taken in");
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "volume '{name}' is moving between nodes and could not be brought \
+                         here now; try again"
+                    ),
+                );
+            }
             VolumeError::Store(_) | VolumeError::Io { .. } | VolumeError::Driver(_) => {
                 // Names host paths: the log gets it, the client does not.
                 tracing::error!(error = %err, "a volume request failed");

@@ -17,6 +17,7 @@ mod pool_plan;
 mod remote_images;
 mod shutdown;
 mod volume_caps;
+mod volume_moves;
 
 /// What every image of the recording driver takes on disk.
 const IMAGE_SIZE: u64 = 3 << 20;
@@ -88,6 +89,8 @@ impl Driver for RecordingDriver {
         Ok(())
     }
     async fn destroy(&self, id: &SandboxId, _slot: u32) -> Result<(), DriverError> {
+        // As the real driver's: a destroy thaws it, and its id may come back thawed.
+        self.frozen.lock().unwrap().remove(id);
         self.running.lock().unwrap().retain(|r| r != id);
         self.destroyed.lock().unwrap().push(id.clone());
         Ok(())
@@ -168,6 +171,9 @@ impl Driver for RecordingDriver {
     }
     async fn close_volume(&self, _: &std::path::Path) -> Result<(), DriverError> {
         Ok(())
+    }
+    async fn seal_volume(&self, dir: &std::path::Path) -> Result<std::path::PathBuf, DriverError> {
+        Ok(dir.to_owned()) // a plain directory: its files are the volume
     }
     async fn delete_volume(&self, dir: &std::path::Path) -> Result<(), DriverError> {
         std::fs::remove_dir_all(dir).map_err(DriverError::io("removing a volume"))
