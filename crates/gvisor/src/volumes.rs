@@ -178,15 +178,24 @@ mod tests {
         mount(Some(&dir), &elsewhere, None::<&str>, bind, None::<&str>).unwrap();
         assert!(seal(&dir).is_err(), "mounted elsewhere too");
         assert!(disk::is_mount_point(&dir), "mounted back where it was");
-        assert_eq!(std::fs::read(dir.join("kept.txt")).unwrap(), b"on the volume");
+        assert_eq!(
+            std::fs::read(dir.join("kept.txt")).unwrap(),
+            b"on the volume"
+        );
         umount2(&elsewhere, MntFlags::empty()).unwrap();
 
         let image = seal(&dir).unwrap();
         assert_eq!(image, dir.with_extension("ext4"));
         assert!(!disk::is_mount_point(&dir));
-        assert!(crate::loop_device::backing(&image).is_none(), "its device went with it");
+        assert!(
+            crate::loop_device::backing(&image).is_none(),
+            "its device went with it"
+        );
         open(&dir).await.unwrap();
-        assert_eq!(std::fs::read(dir.join("kept.txt")).unwrap(), b"on the volume");
+        assert_eq!(
+            std::fs::read(dir.join("kept.txt")).unwrap(),
+            b"on the volume"
+        );
         delete(&dir).unwrap();
     }
 }

@@ -69,8 +69,10 @@ impl Builder {
         }
     }
 
-    /// One round of the budget; skipped while a build waits or runs.
+    /// One round of the budget; skipped while a build waits or runs. What takes time (sizing
+    /// new layers, asking object storage) is done before anything is held.
     pub async fn tend_layer_budget(&self, budget_bytes: u64) -> Option<Trimmed> {
+        let survey = self.shared.survey(budget_bytes).await?;
         let Ok(_no_build) = self.builds_under_way.try_write() else {
             return None;
         };
@@ -78,7 +80,7 @@ impl Builder {
             in_use: self.driver.rootfs_in_use().into_iter().collect(),
             used_within: SPARED_FOR,
         };
-        let trimmed = self.shared.trim(budget_bytes, &spared).await?;
+        let trimmed = self.shared.trim(&survey, &spared).await?;
         if trimmed.bytes > 0 {
             tracing::info!(
                 mounts = trimmed.mounts,
@@ -93,6 +95,14 @@ impl Builder {
     }
 }
 
+/// What a round found before it holds anything: the layers here and what each takes, and
+/// (if they are over the budget) which of them object storage holds.
+pub struct Survey {
+    budget: u64,
+    sizes: HashMap<String, u64>,
+    stored: HashSet<String>,
+}
+
 /// A rootfs mount here, with the layers it stands on.
 struct Mount {
     path: PathBuf,
@@ -101,15 +111,48 @@ struct Mount {
 }
 
 impl SharedLayers {
+    /// The layers here with what each takes, and, if they are over `budget`, which of them
+    /// object storage holds (a layer known to be there is not asked about again). `None`
+    /// without an object store, or when it does not answer.
+    pub async fn survey(&self, budget: u64) -> Option<Survey> {
+        let objects = self.objects.get()?;
+        let sizes = self.layer_sizes().await;
+        let mut stored = HashSet::new();
+        if sizes.values().sum::<u64>() > budget {
+            let known = (self.known_stored.lock().unwrap_or_else(|e| e.into_inner())).clone();
+            for key in sizes.keys() {
+                if known.contains(key) {
+                    stored.insert(key.clone());
+                    continue;
+                }
+                match objects.has(&layer_prefix(key)).await {
+                    Ok(true) => {
+                        stored.insert(key.clone());
+                        let mut known = self.known_stored.lock().unwrap_or_else(|e| e.into_inner());
+                        known.insert(key.clone());
+                    }
+                    Ok(false) => {} // the only copy there is
+                    Err(e) => {
+                        tracing::warn!(error = %e, "object storage does not answer; the layer budget waits for the next round");
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(Survey {
+            budget,
+            sizes,
+            stored,
+        })
+    }
+
     /// Lets go of layers and mounts, least recently used first, until this node's layers take
-    /// at most `budget` bytes or nothing more may go. `None` if the round could not run: no
-    /// object store, a fetch under way, a mount whose layers are unknown, or object storage
-    /// not answering.
-    pub async fn trim(&self, budget: u64, spared: &Spared) -> Option<Trimmed> {
-        self.objects.get()?;
+    /// at most the survey's budget or nothing more may go. `None` if the round could not run:
+    /// a fetch under way, or a mount whose layers are unknown.
+    pub async fn trim(&self, survey: &Survey, spared: &Spared) -> Option<Trimmed> {
         let _turn = self.fetching.try_lock().ok()?;
         let started = Instant::now();
-        let sizes = self.layer_sizes().await;
+        let (budget, sizes) = (survey.budget, &survey.sizes);
         let mut total: u64 = sizes.values().sum();
         let mut done = Trimmed::default();
         if total <= budget {
@@ -120,7 +163,6 @@ impl SharedLayers {
         candidates.sort_by(|a, b| b.last_use.cmp(&a.last_use).then(b.path.cmp(&a.path)));
         let mut keys: Vec<&String> = sizes.keys().collect();
         keys.sort();
-        let mut stored = StoredLayers::default();
         loop {
             let standing: HashSet<&PathBuf> = (candidates.iter().chain(&staying))
                 .flat_map(|m| &m.chain)
@@ -134,7 +176,7 @@ impl SharedLayers {
                 if !loose || self.is_spared(&layer, spared, started) {
                     continue;
                 }
-                if !stored.has(self, key).await? || !self.retire(&layer, started) {
+                if !survey.stored.contains(*key) || !self.retire(&layer, started) {
                     continue;
                 }
                 let removed = self.remove_layer(key).await;
@@ -285,30 +327,6 @@ impl SharedLayers {
     }
 }
 
-/// Which layers object storage holds, asked once per layer and round.
-#[derive(Default)]
-struct StoredLayers(HashMap<String, bool>);
-
-impl StoredLayers {
-    /// `None` if object storage does not answer: the round stops.
-    async fn has(&mut self, shared: &SharedLayers, key: &str) -> Option<bool> {
-        if let Some(known) = self.0.get(key) {
-            return Some(*known);
-        }
-        let objects = shared.objects.get()?;
-        match objects.has(&layer_prefix(key)).await {
-            Ok(there) => {
-                self.0.insert(key.to_owned(), there);
-                Some(there)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "object storage does not answer; the layer budget waits for the next round");
-                None
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::layers::Layers;
@@ -328,6 +346,12 @@ mod tests {
         let dir = Layers::new(templates).layer(key);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("from-{key}")), vec![7u8; 1 << 20]).unwrap();
+    }
+
+    /// One round as `Builder::tend_layer_budget` runs it: the survey, then the trim.
+    async fn trim(node: &SharedLayers, budget: u64, spared: &Spared) -> Option<Trimmed> {
+        let survey = node.survey(budget).await?;
+        node.trim(&survey, spared).await
     }
 
     fn spared(in_use: &[&Path], used_within: Duration) -> Spared {
@@ -399,22 +423,22 @@ mod tests {
 
         let no_spare = Duration::ZERO;
         assert_eq!(
-            node_b.trim(u64::MAX, &spared(&[], no_spare)).await,
+            trim(&node_b, u64::MAX, &spared(&[], no_spare)).await,
             Some(Trimmed::default()),
             "within the budget"
         );
         assert_eq!(
-            node_b.trim(0, &spared(&[], SPARED_FOR)).await,
+            trim(&node_b, 0, &spared(&[], SPARED_FOR)).await,
             Some(Trimmed::default()),
             "both were started over just now"
         );
         {
             let _fetch = node_b.fetching.lock().await;
-            assert_eq!(node_b.trim(0, &spared(&[], no_spare)).await, None);
+            assert_eq!(trim(&node_b, 0, &spared(&[], no_spare)).await, None);
         }
         assert!(is_mount_point(&t1) && is_mount_point(&t2));
 
-        let trimmed = node_b.trim(0, &spared(&[&t1], no_spare)).await.unwrap();
+        let trimmed = trim(&node_b, 0, &spared(&[&t1], no_spare)).await.unwrap();
         assert_eq!((trimmed.mounts, trimmed.layers), (1, 1), "{trimmed:?}");
         assert!(is_mount_point(&t1) && !is_mount_point(&t2));
         assert!(!b.has(&second), "the layer only t2 stood on goes");
@@ -429,7 +453,7 @@ mod tests {
         // The positive control: held open, t2 stays, and so does what it stands on; t1,
         // idle, goes now.
         let _open = std::fs::File::open(t2.join(format!("from-{bottom}"))).unwrap();
-        let trimmed = node_b.trim(0, &spared(&[], no_spare)).await.unwrap();
+        let trimmed = trim(&node_b, 0, &spared(&[], no_spare)).await.unwrap();
         assert_eq!((trimmed.mounts, trimmed.layers), (1, 1), "{trimmed:?}");
         assert!(!is_mount_point(&t1) && is_mount_point(&t2));
         assert!(!b.has(&first) && b.has(&bottom) && b.has(&second));

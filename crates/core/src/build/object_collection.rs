@@ -41,6 +41,15 @@ const ASK_EVERY: Duration = Duration::from_secs(3600);
 /// The object that says whose the bucket is.
 const OWNER: &str = "airlock-owner.json";
 
+/// Whether a collection takes the day's turn first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Once a day, one node of the cluster.
+    Daily,
+    /// Now (tests).
+    Now,
+}
+
 /// What [`OWNER`] holds: the identity of the database whose bucket it is, or that several
 /// databases share it.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -69,6 +78,8 @@ pub enum NotCollected {
     NotOurs,
     #[error("a build is putting layers in object storage, or another node is collecting")]
     Busy,
+    #[error("a node collected object storage less than a day ago")]
+    NotDue,
     #[error("{0}")]
     Failed(String),
 }
@@ -93,18 +104,11 @@ impl Builder {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(ASK_EVERY) => {}
             }
-            let now = chrono::Utc::now().timestamp();
-            let due_before = now - UNUSED_FOR.as_secs() as i64;
-            let settings = self.store.settings();
-            match settings.take_collection_turn(due_before, now).await {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "asking whether object storage is due for collection failed");
-                    continue;
-                }
-            }
-            match self.shared.collect(&self.store, UNUSED_FOR).await {
+            match self
+                .shared
+                .collect(&self.store, UNUSED_FOR, Turn::Daily)
+                .await
+            {
                 Ok(done) => tracing::info!(
                     layers = done.layers,
                     chains = done.chains,
@@ -113,6 +117,7 @@ impl Builder {
                     volumes = done.volumes,
                     "collected object storage: what no record names and nobody wrote for a day"
                 ),
+                Err(NotCollected::NotDue | NotCollected::Busy) => {}
                 Err(e) => tracing::warn!(error = %e, "object storage was not collected"),
             }
         }
@@ -140,11 +145,14 @@ impl SharedLayers {
     }
 
     /// Deletes from object storage what no record of `store` names and was last written
-    /// `unused_for` ago or longer (see the module's comment).
+    /// `unused_for` ago or longer (see the module's comment). With [`Turn::Daily`], only if
+    /// no node did so in the last day, once the lock is held (a round that could not run
+    /// leaves the turn to the next).
     pub async fn collect(
         &self,
         store: &Store,
         unused_for: Duration,
+        turn: Turn,
     ) -> Result<ObjectsCollected, NotCollected> {
         let objects = self.objects_or_none()?;
         let identity = store
@@ -159,6 +167,15 @@ impl SharedLayers {
         let _alone = lock
             .map_err(NotCollected::failed)?
             .ok_or(NotCollected::Busy)?;
+        if turn == Turn::Daily {
+            let now = chrono::Utc::now().timestamp();
+            let due_before = now - UNUSED_FOR.as_secs() as i64;
+            let settings = store.settings();
+            let taken = settings.take_collection_turn(due_before, now).await;
+            if !taken.map_err(NotCollected::failed)? {
+                return Err(NotCollected::NotDue);
+            }
+        }
         let cutoff = chrono::Utc::now()
             - chrono::Duration::from_std(unused_for).map_err(NotCollected::failed)?;
         let named = self.named_objects(store, objects).await?;
@@ -417,7 +434,33 @@ mod tests {
             .unwrap();
         let named_snapshot = crate::objects::snapshot_prefix(&snapshot.image);
         let stale_snapshot = crate::objects::snapshot_prefix("snapshot-k-deleted-2");
-        for prefix in [&named_pause, &stale_pause, &named_snapshot, &stale_snapshot] {
+        // A volume waiting in object storage (moved off a drained node), and the archive of an
+        // earlier move that no row names.
+        let (moving, stale_move) = ("volumes/v1/2".to_owned(), "volumes/v1/1".to_owned());
+        let volume = crate::store::VolumeRecord {
+            id: "v1".into(),
+            owner: "k".into(),
+            name: "data".into(),
+            token: "t".into(),
+            size_limit_mb: 1,
+            created_at: 1,
+            node: "n1".into(),
+            stored: None,
+        };
+        let room = crate::store::VolumeQuota {
+            count: 1,
+            total_mb: 1,
+        };
+        assert!(store.volumes().admit(&volume, room).await.unwrap());
+        assert!(store.volumes().move_out("v1", "n1", &moving).await.unwrap());
+        for prefix in [
+            &named_pause,
+            &stale_pause,
+            &named_snapshot,
+            &stale_snapshot,
+            &moving,
+            &stale_move,
+        ] {
             upload(&objects, prefix).await;
         }
         let chain = |i: usize| chain_object(&mount_name(&mounts[i]));
@@ -427,20 +470,24 @@ mod tests {
         };
 
         let nothing = ObjectsCollected::default();
-        let fresh = shared.collect(&store, UNUSED_FOR).await.unwrap();
+        let fresh = shared.collect(&store, UNUSED_FOR, Turn::Now).await.unwrap();
         assert_eq!(fresh, nothing, "everything was written just now");
         {
             let _build = store.objects_lock().shared().await.unwrap();
-            let busy = shared.collect(&store, Duration::ZERO).await;
+            let busy = shared.collect(&store, Duration::ZERO, Turn::Daily).await;
             assert!(matches!(busy, Err(NotCollected::Busy)), "{busy:?}");
         }
-        let done = shared.collect(&store, Duration::ZERO).await.unwrap();
+        // The busy round left the day's turn to this one.
+        let done = shared
+            .collect(&store, Duration::ZERO, Turn::Daily)
+            .await
+            .unwrap();
         let expected = ObjectsCollected {
             layers: 1,
             chains: 1,
             paused: 1,
             snapshots: 1,
-            volumes: 0,
+            volumes: 1,
         };
         assert_eq!(done, expected);
         for key in ["base", "kept", "old"] {
@@ -452,16 +499,22 @@ mod tests {
         assert!(objects.get_small(&chain(2)).await.unwrap().is_none());
         assert!(has(named_pause.clone()).await && !has(stale_pause).await);
         assert!(has(named_snapshot.clone()).await && !has(stale_snapshot).await);
+        assert!(has(moving).await && !has(stale_move).await);
         assert_eq!(
-            shared.collect(&store, Duration::ZERO).await.unwrap(),
+            shared
+                .collect(&store, Duration::ZERO, Turn::Now)
+                .await
+                .unwrap(),
             nothing
         );
+        let again = shared.collect(&store, Duration::ZERO, Turn::Daily).await;
+        assert!(matches!(again, Err(NotCollected::NotDue)), "{again:?}");
 
         // Another database's server on the same bucket marks it shared: nothing is collected.
         store.snapshots().delete("k", &snapshot.id).await.unwrap();
         let other = Store::open(&tmp.path().join("other")).unwrap();
         shared.claim_store(&other).await.unwrap();
-        let refused = shared.collect(&store, Duration::ZERO).await;
+        let refused = shared.collect(&store, Duration::ZERO, Turn::Now).await;
         assert!(matches!(refused, Err(NotCollected::NotOurs)), "{refused:?}");
         assert!(
             has(named_snapshot).await,

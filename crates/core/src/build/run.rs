@@ -301,7 +301,14 @@ impl Builder {
                 message,
                 step: Some("base".into()),
             };
-            let key = self.shared.key_of(layer).map_err(fail)?;
+            // The error names the host's paths: the log gets it, the build's owner not.
+            let key = self.shared.key_of(layer).map_err(|e| {
+                tracing::warn!(
+                    error = e,
+                    "a base template's layer is not in this node's templates dir"
+                );
+                fail("the base template's files are not where this node keeps templates".into())
+            })?;
             self.fetch_shared(&key, "base", log).await;
             if !layer.is_dir() {
                 return Err(fail(format!(

@@ -63,6 +63,8 @@ pub struct SharedLayers {
     pub(super) uses: Mutex<RootfsUses>,
     /// What each layer here takes on disk, as measured once (a layer never changes).
     pub(super) sizes: Mutex<HashMap<String, u64>>,
+    /// Layers object storage was found to hold (the layer budget asks once per layer).
+    pub(super) known_stored: Mutex<HashSet<String>>,
 }
 
 /// When each root filesystem (a mount, or a template's one layer) was last made ready for a
@@ -83,6 +85,7 @@ impl SharedLayers {
             fetching: tokio::sync::Mutex::new(()),
             uses: Mutex::default(),
             sizes: Mutex::default(),
+            known_stored: Mutex::default(),
         }
     }
 

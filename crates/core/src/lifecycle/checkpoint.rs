@@ -167,14 +167,14 @@ impl Lifecycle {
             Phase::Running => return Err(LifecycleError::AlreadyRunning(id.to_owned())),
             _ => return Err(LifecycleError::SandboxNotFound(id.to_owned())),
         }
-        // Its volumes may have moved into object storage (a drain here): they come back first.
-        let mounts = sandbox.record().volume_mounts.clone();
-        (self.volumes)
-            .check_still_there(sandbox.owner(), &mounts)
-            .await?;
         let quota = self.quota(sandbox.owner()).await?;
         self.admit_resume(&sandbox, &quota).await?;
-        let resumed = self.restore_paused(&sandbox, timeout, how).await;
+        // Once admitted: its volumes may wait in object storage (its node was drained).
+        let mounts = sandbox.record().volume_mounts.clone();
+        let resumed = match self.volumes.bring_here(sandbox.owner(), &mounts).await {
+            Ok(()) => self.restore_paused(&sandbox, timeout, how).await,
+            Err(e) => Err(e.into()),
+        };
         if resumed.is_err() {
             self.end_transition(sandbox.id()).await;
         }

@@ -144,10 +144,16 @@ impl Lifecycle {
             return Err(e);
         }
         self.pools_give_way();
-        let started = match (pooled, source) {
-            (Some(pooled), _) => Ok(pooled),
-            (None, Source::Template(template)) => self.boot_or_restore(&sandbox, &template).await,
-            (None, Source::Snapshot(snapshot)) => {
+        // Once admitted: volumes that wait in object storage (a drained node's) come here.
+        let mounts = sandbox.record().volume_mounts.clone();
+        let brought = self.volumes.bring_here(sandbox.owner(), &mounts).await;
+        let started = match (brought, pooled, source) {
+            (Err(e), _, _) => Err(e.into()),
+            (Ok(()), Some(pooled), _) => Ok(pooled),
+            (Ok(()), None, Source::Template(template)) => {
+                self.boot_or_restore(&sandbox, &template).await
+            }
+            (Ok(()), None, Source::Snapshot(snapshot)) => {
                 // The snapshot's processes run as soon as it is restored: the policy goes first.
                 let launch = self.launch_of(&sandbox.record());
                 let started = self.start_from_snapshot(&id, &snapshot, launch).await;

@@ -95,6 +95,10 @@ impl Lifecycle {
                 );
                 continue;
             }
+            if !self.all_resume_elsewhere(&users).await {
+                tracing::warn!(volume = volume.id, "a drain leaves a volume here: a paused sandbox that mounts it has its image here only, and resumes only here");
+                continue;
+            }
             for sandbox in &users {
                 self.destroy_parked(sandbox).await;
             }
@@ -103,6 +107,17 @@ impl Lifecycle {
             }
         }
         tracing::info!("drained: the volumes are in object storage");
+    }
+
+    /// Whether every one of `paused` has its image in object storage, so that it can resume
+    /// on another node (one whose upload failed is here only, and so must its volumes be).
+    async fn all_resume_elsewhere(&self, paused: &[Arc<Sandbox>]) -> bool {
+        for sandbox in paused {
+            if !matches!(self.paused_in_object_store(sandbox.id()).await, Ok(true)) {
+                return false;
+            }
+        }
+        true
     }
 
     /// The sandboxes here that mount volume `id`, once those killed have been torn down (for

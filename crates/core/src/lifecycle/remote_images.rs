@@ -58,7 +58,6 @@ impl Lifecycle {
     /// Keeps paused images in `objects` from now on (set once, before serving); false if a
     /// store was set already.
     pub fn use_object_store(&self, objects: ImageObjects) -> bool {
-        self.volumes.use_object_store(objects.clone());
         self.remote.objects.set(objects).is_ok()
     }
 
@@ -371,12 +370,17 @@ impl Lifecycle {
         if !self.paused_in_object_store(&parsed).await? {
             return Err(not_found());
         }
-        // Its volumes come first: they are here, or they moved into object storage (its node
-        // was drained) and come here now; one kept on another node keeps the sandbox there.
+        // Its volumes must be able to come here: they moved into object storage (its node was
+        // drained), and its resume takes them in. One kept on another node keeps it there.
+        // Whoever asks is not known yet: the answer names nothing of them.
         let owner = record.owner.as_deref();
-        (self.volumes)
+        if (self.volumes)
             .check_still_there(owner, &record.volume_mounts)
-            .await?;
+            .await
+            .is_err()
+        {
+            return Err(LifecycleError::Busy(id.to_owned()));
+        }
         let moved = self
             .store
             .sandboxes()

@@ -183,7 +183,8 @@ impl VolumeRecords {
     /// Records that volume `id`, kept on `node` until now, is in object storage under
     /// `stored` and on no node; `false` if `node` no longer keeps it (deleted meanwhile).
     pub async fn move_out(&self, id: &str, node: &str, stored: &str) -> Result<bool, StoreError> {
-        let sql = "UPDATE volumes SET node = '', stored = $3 WHERE id = $1 AND node = $2";
+        let sql = "UPDATE volumes SET node = '', stored = $3
+                   WHERE id = $1 AND node = $2 AND stored IS NULL";
         let params = [id.into(), node.into(), stored.into()];
         Ok(self.db.execute(sql, &params).await? == 1)
     }
@@ -201,6 +202,19 @@ impl VolumeRecords {
     pub async fn settle_in(&self, id: &str, node: &str) -> Result<bool, StoreError> {
         let sql = "UPDATE volumes SET stored = NULL WHERE id = $1 AND node = $2";
         Ok(self.db.execute(sql, &[id.into(), node.into()]).await? == 1)
+    }
+
+    /// Forgets `owner`'s volume `id` if it still waits in object storage under `stored`, on
+    /// no node (a node taking it in would be left with nothing to keep).
+    pub async fn delete_stored(
+        &self,
+        owner: &str,
+        id: &str,
+        stored: &str,
+    ) -> Result<bool, StoreError> {
+        let sql = "DELETE FROM volumes WHERE owner = $1 AND id = $2 AND node = '' AND stored = $3";
+        let params = [owner.into(), id.into(), stored.into()];
+        Ok(self.db.execute(sql, &params).await? == 1)
     }
 
     /// Undoes [`VolumeRecords::take_in`] after a failed fetch: on no node again.
@@ -327,6 +341,17 @@ pub(crate) async fn behaves(volumes: &VolumeRecords) {
         .unwrap());
     assert!(volumes.take_in("v3", "n3", "volumes/v3/1").await.unwrap());
     assert!(!volumes.settle_in("v3", "n4").await.unwrap());
+    assert!(
+        !volumes.move_out("v3", "n3", "volumes/v3/2").await.unwrap(),
+        "half taken in"
+    );
+    assert!(
+        !volumes
+            .delete_stored("bob", "v3", "volumes/v3/1")
+            .await
+            .unwrap(),
+        "taken in"
+    );
     assert!(volumes.settle_in("v3", "n3").await.unwrap());
     let settled = volumes.by_id("v3").await.unwrap().unwrap();
     assert_eq!((settled.node.as_str(), settled.stored), ("n3", None));

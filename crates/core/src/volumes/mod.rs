@@ -21,7 +21,7 @@ use crate::store::{
     VolumeUsage,
 };
 use airlock_wire::MAX_VOLUME_MOUNTS;
-pub use moves::VOLUMES;
+pub use moves::{VolumeUse, VOLUMES};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 pub use tree::{EntryKind, EntryStat, MetadataChange, NewFile, VolumeTree};
@@ -126,8 +126,9 @@ pub struct Volumes {
     limits: VolumeLimits,
     /// Where volumes wait while they move between nodes (see `moves.rs`), if anywhere.
     objects: std::sync::OnceLock<crate::objects::ImageObjects>,
-    /// One take-in at a time per volume: two requests for a moved volume fetch it once.
-    taking_in: tokio::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Each volume's turn: held alone while it moves in or out, shared by each use of its
+    /// files here (see `moves.rs`).
+    turns: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
 }
 
 impl Volumes {
@@ -153,7 +154,7 @@ impl Volumes {
             root: root.to_owned(),
             limits,
             objects: std::sync::OnceLock::new(),
-            taking_in: Default::default(),
+            turns: Default::default(),
         })
     }
 
@@ -161,9 +162,9 @@ impl Volumes {
     /// reboot).
     pub async fn open_all(&self) -> Result<(), VolumeError> {
         for volume in self.records.claim_of_node(&self.node).await? {
-            match &volume.stored {
+            match volume.stored {
                 // A take-in that the last run did not finish.
-                Some(stored) => self.fetch_in(&volume, stored).await?,
+                Some(_) => self.finish_take_in(volume).await,
                 None => self.driver.open_volume(&self.dir(&volume.id)).await?,
             }
         }
@@ -302,24 +303,6 @@ impl Volumes {
         Ok(self.records.of(owner).await?)
     }
 
-    /// Makes sure `volume`'s files are on this node: they are, or they wait in object
-    /// storage (moved off a drained node) and are taken in now; refused if another node
-    /// keeps them.
-    async fn here(&self, volume: &VolumeRecord) -> Result<(), VolumeError> {
-        if volume.node == self.node && volume.stored.is_none() {
-            return Ok(());
-        }
-        if let Some(stored) = &volume.stored {
-            if volume.node.is_empty() || volume.node == self.node {
-                return self.take_in(volume, stored).await;
-            }
-        }
-        Err(VolumeError::Elsewhere {
-            name: volume.name.clone(),
-            node: volume.node.clone(),
-        })
-    }
-
     /// Deletes `volume` (as [`Volumes::get`] found it) and its files; `false` if it is gone
     /// meanwhile. The caller makes sure that no sandbox mounts it (see
     /// `Lifecycle::delete_volume`).
@@ -327,7 +310,9 @@ impl Volumes {
         if let (Some(stored), "") = (&volume.stored, volume.node.as_str()) {
             return self.delete_stored(volume, stored).await;
         }
-        self.here(volume).await?;
+        // Its files here (one half taken in is finished first), and no call on them meanwhile.
+        drop(self.use_here(volume).await?);
+        let _alone = self.turn(&volume.id).write_owned().await;
         let id = volume.id.as_str();
         if !self.records.delete(&volume.owner, id).await? {
             return Ok(false);
@@ -368,7 +353,7 @@ impl Volumes {
                 .iter()
                 .find(|v| v.name == request.name)
                 .ok_or_else(|| VolumeError::NotFound(request.name.clone()))?;
-            self.here(volume).await?;
+            self.may_come_here(volume)?;
             mounts.push(VolumeMount {
                 volume_id: volume.id.clone(),
                 name: volume.name.clone(),
@@ -379,23 +364,48 @@ impl Volumes {
     }
 
     /// Fails with the name of the first of `mounts` whose volume `owner` no longer has, or
-    /// that is kept on another node.
+    /// that is kept on another node. No side effect: [`Volumes::bring_here`] then takes in
+    /// those waiting in object storage.
     pub async fn check_still_there(
         &self,
         owner: Option<&str>,
         mounts: &[VolumeMount],
     ) -> Result<(), VolumeError> {
+        for volume in self.mounted(owner, mounts).await? {
+            self.may_come_here(&volume)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the files of `mounts` (checked by [`Volumes::check_still_there`]) present on
+    /// this node, taking in those that wait in object storage; for a create or resume that
+    /// was admitted.
+    pub async fn bring_here(
+        &self,
+        owner: Option<&str>,
+        mounts: &[VolumeMount],
+    ) -> Result<(), VolumeError> {
+        for volume in self.mounted(owner, mounts).await? {
+            drop(self.use_here(&volume).await?);
+        }
+        Ok(())
+    }
+
+    /// The records of the volumes of `mounts`, `owner`'s; the first one it lacks is not found.
+    async fn mounted(
+        &self,
+        owner: Option<&str>,
+        mounts: &[VolumeMount],
+    ) -> Result<Vec<VolumeRecord>, VolumeError> {
+        let mut volumes = Vec::with_capacity(mounts.len());
         for mount in mounts {
             let volume = match owner {
                 Some(owner) => self.records.get(owner, &mount.volume_id).await?,
                 None => None,
             };
-            match volume {
-                Some(volume) => self.here(&volume).await?,
-                None => return Err(VolumeError::NotFound(mount.name.clone())),
-            }
+            volumes.push(volume.ok_or_else(|| VolumeError::NotFound(mount.name.clone()))?);
         }
-        Ok(())
+        Ok(volumes)
     }
 
     /// The files of volume `id`, for a caller that holds its token. A wrong token and a missing
@@ -408,8 +418,8 @@ impl Volumes {
         if !constant_time_eq(record.token.as_bytes(), token.as_bytes()) {
             return Err(VolumeError::Unauthorized);
         }
-        self.here(&record).await?;
-        VolumeTree::open(&self.dir(id), record.size_limit_mb)
+        let held = self.use_here(&record).await?;
+        Ok(VolumeTree::open(&self.dir(id), record.size_limit_mb)?.holding(held))
     }
 }
 

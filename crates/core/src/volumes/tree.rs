@@ -66,6 +66,8 @@ pub struct MetadataChange {
 pub struct VolumeTree {
     root: OwnedFd,
     limit_bytes: u64,
+    /// While it lives, the volume does not move to another node.
+    _held: Option<super::VolumeUse>,
 }
 
 fn owned(fd: i32) -> OwnedFd {
@@ -164,7 +166,16 @@ impl VolumeTree {
         Ok(VolumeTree {
             root: owned(fd),
             limit_bytes: limit_mb << 20,
+            _held: None,
         })
+    }
+
+    /// The tree, holding the volume on this node for as long as it lives.
+    pub(super) fn holding(self, held: super::VolumeUse) -> Self {
+        VolumeTree {
+            _held: Some(held),
+            ..self
+        }
     }
 
     /// Opens `relative` (from the volume's root) as the volume sees it.

@@ -139,6 +139,17 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         )
         .context("opening the volumes directory")?,
     );
+    let objects = match &opts.object_store {
+        Some(url) => Some(
+            airlock_core::objects::ImageObjects::open(url)
+                .context("opening the object store (--object-store)")?,
+        ),
+        None => None,
+    };
+    if let Some(objects) = &objects {
+        // Before they are opened: one this node was taking in when it stopped is fetched.
+        volumes.use_object_store(objects.clone());
+    }
     // Before sandboxes are adopted or resumed: they may mount them.
     volumes.open_all().await.context("mounting the volumes")?;
     let lifecycle = Lifecycle::new(
@@ -160,15 +171,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             feed,
         ));
     }
-    let objects = match &opts.object_store {
-        Some(url) => Some(
-            airlock_core::objects::ImageObjects::open(url)
-                .context("opening the object store (--object-store)")?,
-        ),
-        None => None,
-    };
     if let Some(objects) = &objects {
-        tracing::info!(store = %objects, "paused images and templates' layers are kept in object storage too");
+        tracing::info!(store = %objects, "paused images, templates' layers and moving volumes are kept in object storage too");
         lifecycle.use_object_store(objects.clone());
     }
     tokio::spawn(lifecycle.run_events());

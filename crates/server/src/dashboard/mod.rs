@@ -27,6 +27,9 @@ use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
 
 const PAGE: &str = include_str!("index.html");
+/// The most nodes an overview adds the paused sandboxes of (`pausedOn`): a cluster's silent
+/// nodes, which a gateway names.
+const MAX_SILENT_NODES: usize = 64;
 /// Build log lines one view shows, newest last.
 const LOG_LINES: u64 = 2000;
 
@@ -168,7 +171,10 @@ async fn overview(
     let load = state.lifecycle.host_load();
     let mut records = state.lifecycle.list_records();
     let nodes = query.paused_on.iter().flat_map(|n| n.split(','));
-    for node in nodes.filter(|n| *n != state.node_name) {
+    for node in nodes
+        .filter(|n| *n != state.node_name)
+        .take(MAX_SILENT_NODES)
+    {
         let paused = state.store.sandboxes().of_node(node).await?;
         let paused = paused
             .into_iter()

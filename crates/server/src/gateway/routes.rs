@@ -199,6 +199,8 @@ async fn node_of(gw: &GatewayState, record: &SandboxRecord) -> Result<NodeAddres
         return gw.nodes.healthy(&record.node);
     }
     match volumes_node(gw, record).await {
+        // Where it is and its volumes too: as for any sandbox, its node answers for it.
+        Some(node) if node == record.node => gw.nodes.healthy(&node),
         Some(node) => gw.nodes.ready(&node),
         None => gw.nodes.ready(&record.node).or_else(|_| gw.nodes.place()),
     }

@@ -1,8 +1,8 @@
-//! A drained node's volumes move through object storage with their paused sandboxes: node A
-//! drains, its volume goes into object storage, and node B, asked about the paused sandbox,
-//! takes the volume in (its files and all) before it takes the sandbox over. Two lifecycles on
-//! one store, one recording driver each (a volume is a plain directory there), and an
-//! in-memory object store. (tests/cluster moves a real ext4 volume through a real S3 server.)
+//! A drained node's volumes move through object storage: node A drains, its volume goes into
+//! object storage, and the next node that needs it (A again for a create, B for the content
+//! API) takes it in, its files and all. Two lifecycles on one store, one recording driver each
+//! (a volume is a plain directory there), and an in-memory object store. (tests/cluster moves
+//! a real ext4 volume through a real S3 server, with the paused sandbox that mounts it.)
 
 use super::*;
 use crate::objects::ImageObjects;
@@ -25,6 +25,8 @@ fn node(
     let dir = data.join(format!("{name}-volumes"));
     let volumes =
         Arc::new(Volumes::new(name, store.clone(), driver.clone(), &dir, limits).unwrap());
+    let shared = ImageObjects::with_store(objects.clone());
+    assert!(volumes.use_object_store(shared.clone()));
     let lc = Lifecycle::new(
         name.into(),
         store.clone(),
@@ -33,7 +35,7 @@ fn node(
         Limits::default(),
         volumes.clone(),
     );
-    assert!(lc.use_object_store(ImageObjects::with_store(objects.clone())));
+    assert!(lc.use_object_store(shared));
     (lc, volumes)
 }
 
@@ -71,23 +73,21 @@ async fn a_drained_nodes_volume_moves_to_the_next_node_that_needs_it() {
     let file = |volumes: &Volumes| volumes.dir(&volume.id).join("kept.txt");
     std::fs::write(file(&volumes_a), "on the volume").unwrap();
     let id = a.create(mounting_data()).await.unwrap().id().clone();
+    a.kill(id.as_str()).await.unwrap();
 
-    // Drained, node A pauses the sandbox, then moves the volume out.
+    // Drained, node A moves the volume out: on no node, its files gone from A.
     a.drain();
     let stored = moved_out(&store, &volume.id).await;
-    assert!(
-        !volumes_a.dir(&volume.id).exists(),
-        "its files left the drained node"
-    );
+    gone(&volumes_a.dir(&volume.id)).await;
     assert!(archive.has(&stored).await.unwrap());
     assert_eq!(
         store.volumes().all_stored().await.unwrap(),
         [stored.as_str()]
     );
 
-    // Ready again, A resumes the sandbox: its volume comes back first.
+    // Ready again, A starts a sandbox that mounts it: the volume comes back first.
     a.undrain();
-    a.resume(id.as_str(), None, PauseMode::Full).await.unwrap();
+    let on_a = a.create(mounting_data()).await.unwrap().id().clone();
     assert_eq!(
         std::fs::read_to_string(file(&volumes_a)).unwrap(),
         "on the volume"
@@ -98,24 +98,51 @@ async fn a_drained_nodes_volume_moves_to_the_next_node_that_needs_it() {
         !archive.has(&stored).await.unwrap(),
         "its archive goes once it is in"
     );
-    // Kept on A, it is not B's to mount.
+    // Kept on A, it is not B's to mount or serve.
     let Err(refused) = b.create(mounting_data()).await else {
         panic!("a volume kept on another node was mounted");
     };
     assert!(refused.to_string().contains("kept on node"), "{refused}");
+    assert!(volumes_b
+        .open(&volume.id, Some(&volume.token))
+        .await
+        .is_err());
 
-    // Drained again, A moves it out again, and a create on B that mounts it takes it in.
+    // Drained again, A moves it out again, and B's content API takes it in.
+    a.kill(on_a.as_str()).await.unwrap();
     a.drain();
     moved_out(&store, &volume.id).await;
-    let on_b = b.create(mounting_data()).await.unwrap();
+    volumes_b
+        .open(&volume.id, Some(&volume.token))
+        .await
+        .unwrap();
     assert_eq!(
         std::fs::read_to_string(file(&volumes_b)).unwrap(),
         "on the volume"
     );
     let there = store.volumes().by_id(&volume.id).await.unwrap().unwrap();
     assert_eq!((there.node.as_str(), there.stored), (OTHER, None));
-    // The paused sandbox on A resumes only where its volume is now.
-    a.undrain();
-    assert!(a.resume(id.as_str(), None, PauseMode::Full).await.is_err());
-    b.kill(on_b.id().as_str()).await.unwrap();
+
+    // A paused sandbox whose image is on its node only (this driver's images are not files:
+    // their uploads fail) resumes only there, so a drain leaves its volume there too.
+    let paused = b.create(mounting_data()).await.unwrap().id().clone();
+    b.pause(paused.as_str(), PauseMode::Full, false)
+        .await
+        .unwrap();
+    b.drain();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kept = store.volumes().by_id(&volume.id).await.unwrap().unwrap();
+    assert_eq!((kept.node.as_str(), kept.stored), (OTHER, None));
+    assert!(file(&volumes_b).is_file());
+}
+
+/// Waits until `path` is gone (a move removes the local files after it records the move).
+async fn gone(path: &std::path::Path) {
+    for _ in 0..500 {
+        if !path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} is still there", path.display());
 }
