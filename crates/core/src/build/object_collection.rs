@@ -127,13 +127,7 @@ impl Builder {
 impl SharedLayers {
     /// See [`Builder::claim_object_store`].
     pub async fn claim_store(&self, store: &Store) -> Result<(), NotCollected> {
-        let objects = self.objects_or_none()?;
-        let identity = store
-            .settings()
-            .identity()
-            .await
-            .map_err(NotCollected::failed)?;
-        let ours = Owner::Database(identity);
+        let (objects, ours) = self.store_and_owner(store).await?;
         match read_owner(objects).await? {
             Some(owner) if owner == ours || owner == Owner::Shared => Ok(()),
             Some(_) => {
@@ -154,13 +148,8 @@ impl SharedLayers {
         unused_for: Duration,
         turn: Turn,
     ) -> Result<ObjectsCollected, NotCollected> {
-        let objects = self.objects_or_none()?;
-        let identity = store
-            .settings()
-            .identity()
-            .await
-            .map_err(NotCollected::failed)?;
-        if read_owner(objects).await? != Some(Owner::Database(identity)) {
+        let (objects, ours) = self.store_and_owner(store).await?;
+        if read_owner(objects).await? != Some(ours) {
             return Err(NotCollected::NotOurs);
         }
         let lock = store.objects_lock().try_alone().await;
@@ -220,8 +209,14 @@ impl SharedLayers {
         Ok(done)
     }
 
-    fn objects_or_none(&self) -> Result<&ImageObjects, NotCollected> {
-        self.objects.get().ok_or(NotCollected::NoObjectStore)
+    /// The object store, and the owner that `store`'s database would be of it.
+    async fn store_and_owner(&self, store: &Store) -> Result<(&ImageObjects, Owner), NotCollected> {
+        let objects = self.objects.get().ok_or(NotCollected::NoObjectStore)?;
+        let identity = store.settings().identity().await;
+        Ok((
+            objects,
+            Owner::Database(identity.map_err(NotCollected::failed)?),
+        ))
     }
 
     /// Every object that a record names, directly or through a chain of layers.
